@@ -1,0 +1,1 @@
+"""Stalwart services: each runs as its own process and meets the others only over gRPC."""

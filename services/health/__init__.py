@@ -1,0 +1,1 @@
+"""Stalwart health service."""

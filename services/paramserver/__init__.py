@@ -1,0 +1,1 @@
+"""Stalwart paramserver service."""

@@ -1,0 +1,1 @@
+"""Stalwart trainer service."""
