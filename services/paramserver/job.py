@@ -1,0 +1,240 @@
+"""One job's parameters, optimizer and counters on one replica.
+
+Plain torch, no grpc: primaries and backups run the very same ``apply`` on the
+very same inputs, which is what keeps replicas bitwise identical. Not
+thread-safe: the servicer serialises calls per job.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import google_crc32c
+import torch
+
+from services.paramserver import optim
+from services.paramserver.consistency import Mode, Rules, Verdict, judge_push
+from stalwart import codec
+from stalwart.api import common, paramserver
+from stalwart.errors import ErrorKind, StalwartError
+
+DEDUPE_WINDOW = 65536  # applied (step, slot) keys remembered for conflict checks
+
+_MODES = {
+    common.CONSISTENCY_MODE_SYNC: Mode.SYNC,
+    common.CONSISTENCY_MODE_ASYNC: Mode.ASYNC,
+    common.CONSISTENCY_MODE_SSP: Mode.SSP,
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One push inside a commit: its key and the CRC of its bytes."""
+
+    step: int
+    slot: int
+    crc: int
+
+    def to_proto(self) -> paramserver.CommitEntry:
+        return paramserver.CommitEntry(step=self.step, slot=self.slot, payload_crc32c=self.crc)
+
+    @classmethod
+    def from_proto(cls, e: paramserver.CommitEntry) -> Entry:
+        return cls(e.step, e.slot, e.payload_crc32c)
+
+
+def rules_from(header: paramserver.ModelHeader) -> Rules:
+    c = header.consistency
+    mode = _MODES.get(c.mode)
+    if mode is None:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT, "consistency mode must be SYNC, ASYNC or SSP"
+        )
+    if header.num_slots < 1:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT, f"num_slots must be >= 1, got {header.num_slots}"
+        )
+    if mode is Mode.SSP and c.staleness < 0:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "ssp staleness must be >= 0")
+    return Rules(
+        mode=mode,
+        num_slots=header.num_slots,
+        staleness=c.staleness,
+        refuse_when_stale=c.policy == common.STALENESS_POLICY_REFUSE,
+    )
+
+
+class JobModel:
+    """Parameters + optimizer + version/clocks/dedupe/pending of one job."""
+
+    def __init__(self, header: paramserver.ModelHeader, tensors: Mapping[str, torch.Tensor]):
+        self.header = header
+        self.rules = rules_from(header)
+        self.specs = {s.name: s for s in header.tensors}
+        self.params = {name: tensors[name].detach().clone() for name in self.specs}
+        self.optimizer = optim.build(header.optimizer, list(self.params.values()))
+        self._names = {id(p): n for n, p in self.params.items()}
+        self.version = 0
+        self.clocks = [0] * self.rules.num_slots
+        self.applied: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self.pending: dict[tuple[int, int], tuple[int, dict[str, torch.Tensor]]] = {}
+        self.param_versions = {name: 0 for name in self.params}
+
+    @property
+    def job_id(self) -> str:
+        return self.header.job_id
+
+    # --- admission -------------------------------------------------------------
+
+    def check_grad_specs(self, specs: Iterable[common.TensorSpec]) -> None:
+        for spec in specs:
+            own = self.specs.get(spec.name)
+            if own is None:
+                raise StalwartError(
+                    ErrorKind.BAD_SHAPE, f"job {self.job_id} has no parameter {spec.name!r}"
+                )
+            if list(spec.shape) != list(own.shape):
+                raise StalwartError(
+                    ErrorKind.BAD_SHAPE,
+                    f"gradient {spec.name} has shape {list(spec.shape)}, parameter has {list(own.shape)}",
+                )
+            if spec.dtype != own.dtype:
+                raise StalwartError(
+                    ErrorKind.BAD_DTYPE,
+                    f"gradient {spec.name} is {common.DType.Name(spec.dtype)}, "
+                    f"parameter is {common.DType.Name(own.dtype)}",
+                )
+
+    def check_slot(self, step: int, slot: int) -> None:
+        if not 0 <= slot < self.rules.num_slots:
+            raise StalwartError(
+                ErrorKind.INVALID_ARGUMENT, f"slot {slot} outside [0, {self.rules.num_slots})"
+            )
+        if step < 0:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"step {step} is negative")
+
+    def judge(self, step: int, slot: int, base_version: int, crc: int) -> Verdict:
+        return judge_push(
+            self.rules,
+            self.version,
+            self.clocks,
+            step,
+            slot,
+            base_version,
+            crc,
+            self.applied.get((step, slot)),
+        )
+
+    # --- buffering and applying ------------------------------------------------
+
+    def stage(self, step: int, slot: int, crc: int, grads: dict[str, torch.Tensor]) -> None:
+        self.pending[(step, slot)] = (crc, grads)
+
+    def ready_entries(self, step: int, slot: int) -> list[Entry] | None:
+        """The entries to commit now, in slot order, or None if the step is incomplete."""
+        if self.rules.mode is not Mode.SYNC:
+            return [Entry(step, slot, self.pending[(step, slot)][0])]
+        keys = [(step, s) for s in range(self.rules.num_slots)]
+        if not all(k in self.pending for k in keys):
+            return None
+        return [Entry(step, s, self.pending[(step, s)][0]) for s in range(self.rules.num_slots)]
+
+    def has_entries(self, entries: Sequence[Entry]) -> bool:
+        return all(self.pending.get((e.step, e.slot), (None,))[0] == e.crc for e in entries)
+
+    def apply(self, entries: Sequence[Entry]) -> int:
+        """Sum the entries' gradients in the given order, run the optimizer, bump the version."""
+        summed: dict[str, torch.Tensor] = {}
+        for e in entries:
+            for name, grad in self.pending[(e.step, e.slot)][1].items():
+                if name in summed:
+                    summed[name] += grad
+                else:
+                    summed[name] = grad.clone()
+        for name, param in self.params.items():
+            param.grad = summed.get(name)  # None: the optimizer leaves it alone
+        self.optimizer.step()
+        for param in self.params.values():
+            param.grad = None
+        self.version += 1
+        for name in summed:
+            self.param_versions[name] = self.version
+        self._record(entries)
+        return self.version
+
+    def _record(self, entries: Sequence[Entry]) -> None:
+        for e in entries:
+            self.clocks[e.slot] = max(self.clocks[e.slot], e.step + 1)
+            self.applied[(e.step, e.slot)] = e.crc
+            self.pending.pop((e.step, e.slot), None)
+        while len(self.applied) > DEDUPE_WINDOW:
+            self.applied.popitem(last=False)
+        # buffered pushes for steps every slot has passed can never commit
+        low = min(self.clocks)
+        for key in [k for k in self.pending if k[0] < low]:
+            del self.pending[key]
+
+    # --- state transfer and fingerprints ---------------------------------------
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Parameters, then optimizer state as ``<param>/<key>``."""
+        out = dict(self.params)
+        out.update(optim.export_state(self.optimizer, self._names))
+        return out
+
+    def install_header(self, epoch: int) -> paramserver.InstallStateHeader:
+        tensors = self.state_tensors()
+        return paramserver.InstallStateHeader(
+            epoch=epoch,
+            model=self.header,
+            version=self.version,
+            tensors=[codec.spec_of(n, t) for n, t in tensors.items()],
+            applied=[Entry(s, k, c).to_proto() for (s, k), c in self.applied.items()],
+            slot_clocks=self.clocks,
+        )
+
+    @classmethod
+    def from_install(
+        cls, header: paramserver.InstallStateHeader, tensors: Mapping[str, torch.Tensor]
+    ) -> JobModel:
+        job = cls(header.model, tensors)
+        state = {k: v for k, v in tensors.items() if k not in job.params}
+        optim.import_state(job.optimizer, job.params, state)
+        job.version = header.version
+        job.clocks = list(header.slot_clocks) or [0] * job.rules.num_slots
+        for e in header.applied:
+            job.applied[(e.step, e.slot)] = e.payload_crc32c
+        job.param_versions = {name: header.version for name in job.params}
+        return job
+
+    def fingerprints(self) -> list[paramserver.TensorFingerprint]:
+        out = []
+        for name, tensor in sorted(self.state_tensors().items()):
+            kind = "param" if name in self.params else name.rpartition("/")[2]
+            out.append(
+                paramserver.TensorFingerprint(
+                    name=name, kind=kind, crc32c=codec.tensor_crc32c(tensor)
+                )
+            )
+        return out
+
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state_tensors().values())
+
+    def changed_since(self, version: int) -> list[str]:
+        return [n for n, v in self.param_versions.items() if v > version]
+
+
+def combined_fingerprint(prints: Iterable[paramserver.TensorFingerprint]) -> int:
+    crc = 0
+    for p in prints:
+        crc = google_crc32c.extend(crc, f"{p.name}:{p.kind}:{p.crc32c};".encode())
+    return crc
+
+
+def check_finite(grads: Mapping[str, torch.Tensor]) -> None:
+    for name, grad in grads.items():
+        if grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
+            raise StalwartError(ErrorKind.NON_FINITE, f"gradient {name} holds NaN or Inf")

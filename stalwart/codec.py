@@ -1,0 +1,211 @@
+"""Tensor wire codec: dtype + shape + little-endian bytes, in CRC32C-checked chunks.
+
+A tensor travels as a ``TensorSpec`` (name, dtype, shape) followed by
+``TensorChunk`` messages. Encoding views the tensor's memory as bytes without
+copying; the only copy on the way out is the one protobuf makes into each
+chunk. Decoding checks every chunk's CRC *before* copying it anywhere and
+checks sizes against limits *before* allocating, so a corrupt or oversize
+stream is refused with nothing applied.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import google_crc32c
+import torch
+
+from stalwart.api import common
+from stalwart.errors import ErrorKind, StalwartError
+
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("stalwart's zero-copy codec needs a little-endian host")
+
+DTYPES: dict[int, torch.dtype] = {
+    common.DTYPE_FLOAT32: torch.float32,
+    common.DTYPE_FLOAT64: torch.float64,
+    common.DTYPE_FLOAT16: torch.float16,
+    common.DTYPE_BFLOAT16: torch.bfloat16,
+    common.DTYPE_INT64: torch.int64,
+    common.DTYPE_INT32: torch.int32,
+    common.DTYPE_INT16: torch.int16,
+    common.DTYPE_INT8: torch.int8,
+    common.DTYPE_UINT8: torch.uint8,
+    common.DTYPE_BOOL: torch.bool,
+}
+WIRE_DTYPES: dict[torch.dtype, int] = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard input limits, checked before any allocation."""
+
+    max_tensor_elements: int = 1 << 31
+    max_stream_bytes: int = 4 << 30
+    max_tensors: int = 100_000
+    max_chunks: int = 1_000_000
+    max_name_length: int = 256
+    max_dims: int = 8
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def crc32c(data: bytes | memoryview) -> int:
+    return google_crc32c.value(data)
+
+
+def to_wire_dtype(dtype: torch.dtype) -> int:
+    try:
+        return WIRE_DTYPES[dtype]
+    except KeyError:
+        raise StalwartError(ErrorKind.BAD_DTYPE, f"dtype {dtype} cannot travel") from None
+
+
+def spec_of(name: str, tensor: torch.Tensor) -> common.TensorSpec:
+    return common.TensorSpec(name=name, dtype=to_wire_dtype(tensor.dtype), shape=tensor.shape)
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes, without a copy when it is contiguous on the CPU."""
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def tensor_nbytes(spec: common.TensorSpec) -> int:
+    return math.prod(spec.shape) * _element_size(spec.dtype)
+
+
+def _element_size(wire_dtype: int) -> int:
+    try:
+        return torch.empty(0, dtype=DTYPES[wire_dtype]).element_size()
+    except KeyError:
+        raise StalwartError(ErrorKind.BAD_DTYPE, f"unknown dtype {wire_dtype}") from None
+
+
+def encode_chunks(
+    tensors: Sequence[torch.Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[common.TensorChunk]:
+    """Chunks of the given tensors, in order, each with its CRC32C."""
+    for index, tensor in enumerate(tensors):
+        view = byte_view(tensor)
+        for offset in range(0, len(view), chunk_bytes):
+            piece = bytes(view[offset : offset + chunk_bytes])
+            yield common.TensorChunk(
+                tensor_index=index, offset=offset, data=piece, crc32c=crc32c(piece)
+            )
+
+
+def validate_specs(
+    specs: Iterable[common.TensorSpec], limits: Limits = DEFAULT_LIMITS
+) -> list[common.TensorSpec]:
+    """Check names, dtypes, shapes and totals before anything is allocated."""
+    specs = list(specs)
+    if len(specs) > limits.max_tensors:
+        raise StalwartError(
+            ErrorKind.LIMIT_EXCEEDED, f"{len(specs)} tensors, limit {limits.max_tensors}"
+        )
+    total, seen = 0, set()
+    for spec in specs:
+        if not spec.name or len(spec.name) > limits.max_name_length:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"bad tensor name {spec.name[:64]!r}")
+        if spec.name in seen:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"tensor {spec.name!r} sent twice")
+        seen.add(spec.name)
+        if len(spec.shape) > limits.max_dims or any(d < 0 for d in spec.shape):
+            raise StalwartError(
+                ErrorKind.BAD_SHAPE, f"bad shape {list(spec.shape)} for {spec.name}"
+            )
+        elements = math.prod(spec.shape)
+        if elements > limits.max_tensor_elements:
+            raise StalwartError(
+                ErrorKind.LIMIT_EXCEEDED,
+                f"{spec.name} has {elements} elements, limit {limits.max_tensor_elements}",
+            )
+        total += tensor_nbytes(spec)
+    if total > limits.max_stream_bytes:
+        raise StalwartError(
+            ErrorKind.LIMIT_EXCEEDED, f"stream of {total} bytes, limit {limits.max_stream_bytes}"
+        )
+    return specs
+
+
+class ChunkAssembler:
+    """Rebuilds tensors from a stream of chunks, checking order, size and CRC.
+
+    Chunks must come tensor by tensor, each tensor's bytes contiguous from
+    offset 0, as :func:`encode_chunks` sends them. Call :meth:`finish` at the
+    end of the stream: it refuses a truncated stream.
+    """
+
+    def __init__(self, specs: Sequence[common.TensorSpec], limits: Limits = DEFAULT_LIMITS):
+        self.specs = validate_specs(specs, limits)
+        self._limits = limits
+        self._tensors = [torch.empty(tuple(s.shape), dtype=DTYPES[s.dtype]) for s in self.specs]
+        self._views = [_writable_bytes(t) for t in self._tensors]
+        self._index = 0
+        self._offset = 0
+        self._chunks = 0
+        self._crc = 0  # running CRC32C over every chunk's bytes, for dedupe keys
+
+    def add(self, chunk: common.TensorChunk) -> None:
+        self._chunks += 1
+        if self._chunks > self._limits.max_chunks:
+            raise StalwartError(ErrorKind.LIMIT_EXCEEDED, f"over {self._limits.max_chunks} chunks")
+        data = chunk.data
+        if crc32c(data) != chunk.crc32c:
+            raise StalwartError(
+                ErrorKind.CHECKSUM_MISMATCH,
+                f"chunk at offset {chunk.offset} of tensor #{chunk.tensor_index} failed its CRC32C",
+            )
+        self._skip_finished()
+        if chunk.tensor_index != self._index or chunk.offset != self._offset:
+            raise StalwartError(
+                ErrorKind.BAD_STREAM,
+                f"chunk for tensor #{chunk.tensor_index} offset {chunk.offset} out of order "
+                f"(expected tensor #{self._index} offset {self._offset})",
+            )
+        view = self._views[self._index]
+        end = self._offset + len(data)
+        if end > len(view):
+            raise StalwartError(
+                ErrorKind.BAD_SHAPE,
+                f"tensor {self.specs[self._index].name} got {end} bytes, "
+                f"its shape holds {len(view)}",
+            )
+        view[self._offset : end] = data
+        self._offset = end
+        self._crc = google_crc32c.extend(self._crc, data)
+
+    def _skip_finished(self) -> None:
+        while self._index < len(self._views) and self._offset == len(self._views[self._index]):
+            self._index += 1
+            self._offset = 0
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        self._skip_finished()
+        if self._index != len(self._views):
+            spec = self.specs[self._index]
+            raise StalwartError(
+                ErrorKind.TRUNCATED_STREAM,
+                f"stream ended after {self._offset} of {tensor_nbytes(spec)} bytes "
+                f"of tensor {spec.name}",
+            )
+        return {s.name: t for s, t in zip(self.specs, self._tensors, strict=True)}
+
+    @property
+    def payload_crc32c(self) -> int:
+        return self._crc
+
+
+def _writable_bytes(tensor: torch.Tensor) -> memoryview:
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def tensor_crc32c(tensor: torch.Tensor) -> int:
+    return crc32c(byte_view(tensor))
