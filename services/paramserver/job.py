@@ -103,8 +103,8 @@ class JobModel:
             if spec.dtype != own.dtype:
                 raise StalwartError(
                     ErrorKind.BAD_DTYPE,
-                    f"gradient {spec.name} is {common.DType.Name(spec.dtype)}, "
-                    f"parameter is {common.DType.Name(own.dtype)}",
+                    f"gradient {spec.name} is {common.Dtype.Name(spec.dtype)}, "
+                    f"parameter is {common.Dtype.Name(own.dtype)}",
                 )
 
     def check_slot(self, step: int, slot: int) -> None:

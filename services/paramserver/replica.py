@@ -33,8 +33,10 @@ class Check(enum.Enum):
 
 @dataclass
 class BackupLink:
+    """A backup as its primary sees it: which jobs it holds current state of."""
+
     address: str
-    in_sync: bool = False
+    synced_jobs: set[str] = field(default_factory=set)
     last_error: str = ""
 
 
@@ -88,14 +90,3 @@ class ReplicaState:
         )
         self.backups = keep
         return Check.OK
-
-    def in_sync_backups(self) -> list[str]:
-        return [a for a, b in self.backups.items() if b.in_sync]
-
-    def out_of_sync_backups(self) -> list[str]:
-        return [a for a, b in self.backups.items() if not b.in_sync]
-
-    def mark(self, address: str, in_sync: bool, error: str = "") -> None:
-        link = self.backups.get(address)
-        if link is not None:
-            link.in_sync, link.last_error = in_sync, error

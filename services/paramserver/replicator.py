@@ -1,0 +1,198 @@
+"""Primary-side replication: forwards pushes to backups as they stream in,
+commits steps on them, and installs full state on backups that fell behind.
+
+The primary answers a client only after every backup in sync for the job has
+applied the update (and at least ``min_insync`` of the configured ones did).
+A backup that fails a call drops out of sync for that job; the resync loop
+re-installs its state under the job's lock, after which it follows again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import grpc
+import structlog
+
+from services.paramserver.job import Entry
+from services.paramserver.replica import ReplicaState
+from stalwart import codec
+from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.errors import ErrorKind, RpcError, StalwartError
+
+log = structlog.get_logger(__name__)
+
+REPLICATION_TIMEOUT_S = 60.0
+
+
+class Fenced(Exception):
+    """A backup knows a higher epoch: this primary is deposed."""
+
+
+class ForwardStream:
+    """One push being forwarded to one backup while it streams in."""
+
+    def __init__(self, address: str, call: grpc.aio.StreamUnaryCall):
+        self.address = address
+        self.call = call
+        self.error: str = ""
+
+    async def write(self, message: paramserver.ReplicatePushRequest) -> None:
+        if self.error:
+            return
+        try:
+            await self.call.write(message)
+        except (grpc.RpcError, grpc.aio.UsageError) as exc:
+            self.error = str(exc) or "write failed"
+
+    async def finish(self) -> RpcError | None:
+        if self.error:
+            self.call.cancel()
+            return RpcError(grpc.StatusCode.UNAVAILABLE, self.error)
+        try:
+            await self.call.done_writing()
+            await self.call
+            return None
+        except grpc.RpcError as exc:
+            return RpcError.from_grpc(exc)
+
+
+class Replicator:
+    def __init__(
+        self,
+        replica: ReplicaState,
+        stub_for: Callable[[str], paramserver_grpc.ParamServerServiceStub],
+        min_insync: int,
+        chunk_bytes: int,
+    ):
+        self.replica = replica
+        self._stub_for = stub_for
+        self.min_insync = min_insync
+        self.chunk_bytes = chunk_bytes
+
+    # --- which backups hold which job -------------------------------------------
+
+    def synced(self, job_id: str) -> list[str]:
+        return [a for a, link in self.replica.backups.items() if job_id in link.synced_jobs]
+
+    def required(self) -> int:
+        return min(self.min_insync, len(self.replica.backups))
+
+    def drop(self, address: str, job_id: str, error: str) -> None:
+        link = self.replica.backups.get(address)
+        if link is not None:
+            link.synced_jobs.discard(job_id)
+            link.last_error = error
+            log.warning("backup out of sync", backup=address, job=job_id, error=error)
+
+    def _check_fenced(self, err: RpcError | None) -> None:
+        if err is not None and err.kind in (ErrorKind.STALE_EPOCH, ErrorKind.FENCED):
+            self.replica.fence()
+            raise Fenced(err.message)
+
+    # --- forwarding and committing ----------------------------------------------
+
+    def open_forwards(self, header: paramserver.PushHeader) -> list[ForwardStream]:
+        streams = []
+        for address in self.synced(header.job_id):
+            call = self._stub_for(address).ReplicatePush(timeout=REPLICATION_TIMEOUT_S)
+            streams.append(ForwardStream(address, call))
+        return streams
+
+    async def forward_header(
+        self, streams: Sequence[ForwardStream], header: paramserver.PushHeader
+    ):
+        msg = paramserver.ReplicatePushRequest(
+            header=paramserver.ReplicatePushHeader(epoch=self.replica.epoch, push=header)
+        )
+        await asyncio.gather(*(s.write(msg) for s in streams))
+
+    async def forward_chunk(self, streams: Sequence[ForwardStream], chunk: common.TensorChunk):
+        msg = paramserver.ReplicatePushRequest(chunk=chunk)
+        await asyncio.gather(*(s.write(msg) for s in streams))
+
+    async def finish_forwards(self, job_id: str, streams: Sequence[ForwardStream]) -> None:
+        errors = await asyncio.gather(*(s.finish() for s in streams))
+        for stream, err in zip(streams, errors, strict=True):
+            self._check_fenced(err)
+            if err is not None:
+                self.drop(stream.address, job_id, err.message)
+
+    @staticmethod
+    def cancel_forwards(streams: Sequence[ForwardStream]) -> None:
+        for s in streams:
+            s.call.cancel()
+
+    async def commit(self, job_id: str, base_version: int, entries: Sequence[Entry]) -> list[str]:
+        """Apply the entries on every synced backup; returns the ones that applied."""
+        targets = self.synced(job_id)
+        request = paramserver.ReplicateCommitRequest(
+            epoch=self.replica.epoch,
+            job_id=job_id,
+            base_version=base_version,
+            new_version=base_version + 1,
+            entries=[e.to_proto() for e in entries],
+        )
+        errors = await asyncio.gather(*(self._commit_one(a, request) for a in targets))
+        applied = []
+        for address, err in zip(targets, errors, strict=True):
+            self._check_fenced(err)
+            if err is None:
+                applied.append(address)
+            else:
+                self.drop(address, job_id, err.message)
+        if len(applied) < self.required():
+            for address in applied:  # they are now ahead of us: re-install them later
+                self.drop(address, job_id, "applied an update the primary refused")
+            raise StalwartError(
+                ErrorKind.NO_INSYNC_BACKUP,
+                f"only {len(applied)} of the {self.required()} required backups took the update; "
+                "nothing applied, retry",
+            )
+        return applied
+
+    async def _commit_one(self, address: str, request) -> RpcError | None:
+        try:
+            await self._stub_for(address).ReplicateCommit(request, timeout=REPLICATION_TIMEOUT_S)
+            return None
+        except grpc.RpcError as exc:
+            return RpcError.from_grpc(exc)
+
+    # --- state transfer ----------------------------------------------------------
+
+    async def install(self, address: str, header: paramserver.InstallStateHeader, tensors) -> None:
+        """Send a job's whole state to one backup (caller holds the job's lock)."""
+        first = paramserver.InstallStateRequest(header=header)
+        chunks = (
+            paramserver.InstallStateRequest(chunk=c)
+            for c in codec.encode_chunks(tensors, self.chunk_bytes)
+        )
+
+        async def messages():
+            yield first
+            for message in chunks:
+                yield message
+
+        try:
+            await self._stub_for(address).InstallState(messages(), timeout=REPLICATION_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            err = RpcError.from_grpc(exc)
+            self._check_fenced(err)
+            self.drop(address, header.model.job_id, err.message)
+            return
+        link = self.replica.backups.get(address)
+        if link is not None:
+            link.synced_jobs.add(header.model.job_id)
+            link.last_error = ""
+
+    async def delete(self, job_id: str) -> None:
+        request = paramserver.DeleteModelRequest(job_id=job_id, epoch=self.replica.epoch)
+        for address in list(self.replica.backups):
+            try:
+                await self._stub_for(address).DeleteModel(request, timeout=5)
+            except grpc.RpcError:
+                pass  # a backup that missed the delete is re-installed without the job
+            link = self.replica.backups.get(address)
+            if link is not None:
+                link.synced_jobs.discard(job_id)

@@ -1,0 +1,478 @@
+"""gRPC adapter of the parameter server: checks, then hands work to JobModel,
+ReplicaState and Replicator. Torch work runs off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import structlog
+
+
+from services.paramserver.consistency import Verdict
+from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
+from services.paramserver.replica import Check, ReplicaState, Role
+from services.paramserver.replicator import Fenced, Replicator
+from stalwart import codec
+from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.errors import ErrorKind, StalwartError
+from stalwart.server import rpc_handler
+
+log = structlog.get_logger(__name__)
+
+_CHECK_ERRORS = {
+    Check.STALE_EPOCH: (ErrorKind.STALE_EPOCH, "epoch {got} is older than this replica's {have}"),
+    Check.NOT_PRIMARY: (ErrorKind.NOT_PRIMARY, "this replica is a backup; call the primary"),
+    Check.FENCED: (ErrorKind.FENCED, "this replica was deposed (epoch {got} > {have}); refresh"),
+}
+_ROLES = {
+    Role.PRIMARY: common.REPLICA_ROLE_PRIMARY,
+    Role.BACKUP: common.REPLICA_ROLE_BACKUP,
+    Role.FENCED: common.REPLICA_ROLE_FENCED,
+}
+
+
+@dataclass
+class JobRuntime:
+    """A job's model plus what serialises access to it and who waits on it."""
+
+    model: JobModel
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    committed: asyncio.Condition = field(init=False)
+    step_done: dict[int, asyncio.Future] = field(default_factory=dict)
+    pull_cache: tuple | None = None  # (version, names, chunk size, header, chunks)
+
+    def __post_init__(self) -> None:
+        self.committed = asyncio.Condition(self.lock)
+
+    def future_for(self, step: int) -> asyncio.Future:
+        fut = self.step_done.get(step)
+        if fut is None or fut.done():
+            fut = self.step_done[step] = asyncio.get_running_loop().create_future()
+        return fut
+
+
+async def _off_loop(fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def _first(request_iterator, field_name: str):
+    try:
+        first = await anext(aiter(request_iterator))
+    except StopAsyncIteration:
+        raise StalwartError(ErrorKind.TRUNCATED_STREAM, "empty stream: no header") from None
+    if first.WhichOneof("part") != "header":
+        raise StalwartError(ErrorKind.BAD_STREAM, f"the first message must be the {field_name}")
+    return first.header
+
+
+async def _read_tensors(request_iterator, specs, limits, on_chunk=None) -> codec.ChunkAssembler:
+    assembler = codec.ChunkAssembler(specs, limits)
+    async for message in request_iterator:
+        if message.WhichOneof("part") != "chunk":
+            raise StalwartError(ErrorKind.BAD_STREAM, "only chunks may follow the header")
+        assembler.add(message.chunk)
+        if on_chunk is not None:
+            await on_chunk(message.chunk)
+    return assembler
+
+
+class ParamServer(paramserver_grpc.ParamServerServiceServicer):
+    def __init__(
+        self,
+        replica: ReplicaState,
+        replicator: Replicator,
+        node_id: str,
+        shard: int,
+        limits: codec.Limits,
+        chunk_bytes: int,
+        sync_wait_s: float,
+        on_role_change=None,
+    ):
+        self.replica = replica
+        self.replicator = replicator
+        self.node_id = node_id
+        self.shard = shard
+        self.limits = limits
+        self.chunk_bytes = chunk_bytes
+        self.sync_wait_s = sync_wait_s
+        self.jobs: dict[str, JobRuntime] = {}
+        self._on_role_change = on_role_change or (lambda role: None)
+
+    # --- shared checks -----------------------------------------------------------
+
+    def _raise_check(self, check: Check, got: int) -> None:
+        if check is Check.OK:
+            return
+        if check is Check.FENCED:
+            self._on_role_change(self.replica.role)
+        kind, text = _CHECK_ERRORS[check]
+        raise StalwartError(
+            kind, text.format(got=got, have=self.replica.epoch), epoch=self.replica.epoch
+        )
+
+    def _client(self, epoch: int) -> None:
+        self._raise_check(self.replica.check_client(epoch), epoch)
+
+    def _from_primary(self, epoch: int) -> None:
+        before = self.replica.role
+        self._raise_check(self.replica.check_from_primary(epoch), epoch)
+        if self.replica.role is not before:
+            self._on_role_change(self.replica.role)
+
+    def _job(self, job_id: str) -> JobRuntime:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise StalwartError(
+                ErrorKind.UNKNOWN_JOB, f"no model registered for job {job_id!r}", job=job_id
+            )
+        return job
+
+    def _fenced(self, exc: Fenced) -> StalwartError:
+        self._on_role_change(self.replica.role)
+        return StalwartError(ErrorKind.FENCED, f"a backup refused this primary's epoch: {exc}")
+
+    # --- registration -----------------------------------------------------------
+
+    @rpc_handler
+    async def RegisterModel(self, request_iterator, context):
+        header = await _first(request_iterator, "model header")
+        self._client(header.epoch)
+        if not header.job_id:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, "job_id is empty")
+        assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
+        tensors = assembler.finish()
+        existing = self.jobs.get(header.job_id)
+        if existing is not None:
+            return await self._re_register(existing, header, tensors)
+        model = await _off_loop(JobModel, header, tensors)
+        job = self.jobs[header.job_id] = JobRuntime(model)
+        log.info(
+            "model registered", job=header.job_id, tensors=len(tensors), bytes=model.state_bytes()
+        )
+        async with job.lock:
+            await self._install_everywhere(job)
+        return paramserver.RegisterModelResponse(version=0)
+
+    async def _re_register(
+        self, job: JobRuntime, header, tensors
+    ) -> paramserver.RegisterModelResponse:
+        if header.SerializeToString(deterministic=True) != job.model.header.SerializeToString(
+            deterministic=True
+        ):
+            raise StalwartError(
+                ErrorKind.ALREADY_EXISTS, f"job {header.job_id} is registered with another model"
+            )
+        async with job.lock:
+            await self._install_everywhere(job)
+        return paramserver.RegisterModelResponse(version=job.model.version, already_registered=True)
+
+    async def _install_everywhere(self, job: JobRuntime) -> None:
+        """Make sure enough backups hold the job (caller holds the job's lock)."""
+        job_id = job.model.job_id
+        for address in self.replica.backups:
+            if job_id not in self.replicator.synced(job_id):
+                await self._install(job, address)
+        if len(self.replicator.synced(job_id)) < self.replicator.required():
+            raise StalwartError(
+                ErrorKind.NO_INSYNC_BACKUP, f"no backup could take job {job_id}; retry"
+            )
+
+    async def _install(self, job: JobRuntime, address: str) -> None:
+        header = job.model.install_header(self.replica.epoch)
+        tensors = list(job.model.state_tensors().values())
+        try:
+            await self.replicator.install(address, header, tensors)
+        except Fenced as exc:
+            raise self._fenced(exc) from None
+
+    # --- push ------------------------------------------------------------------
+
+    @rpc_handler
+    async def Push(self, request_iterator, context):
+        header = await _first(request_iterator, "push header")
+        self._client(header.epoch)
+        job = self._job(header.job_id)
+        structlog.contextvars.bind_contextvars(
+            job=header.job_id, step=header.step, slot=header.slot
+        )
+        job.model.check_slot(header.step, header.slot)
+        job.model.check_grad_specs(header.tensors)
+        forwards = self.replicator.open_forwards(header)
+        try:
+            await self.replicator.forward_header(forwards, header)
+
+            async def forward(chunk):
+                await self.replicator.forward_chunk(forwards, chunk)
+
+            assembler = await _read_tensors(request_iterator, header.tensors, self.limits, forward)
+            grads = assembler.finish()
+            await _off_loop(check_finite, grads)
+        except BaseException:
+            self.replicator.cancel_forwards(forwards)
+            raise
+        try:
+            await self.replicator.finish_forwards(header.job_id, forwards)
+        except Fenced as exc:
+            raise self._fenced(exc) from None
+        return await self._admit(job, header, assembler.payload_crc32c, grads, context)
+
+    async def _admit(self, job: JobRuntime, header, crc: int, grads, context):
+        deadline = asyncio.get_running_loop().time() + (
+            context.time_remaining() or self.sync_wait_s
+        )
+        async with job.lock:
+            while True:
+                verdict = job.model.judge(header.step, header.slot, header.base_version, crc)
+                if verdict is not Verdict.WAIT:
+                    break
+                remaining = deadline - asyncio.get_running_loop().time()
+                try:
+                    await asyncio.wait_for(job.committed.wait(), max(remaining, 0))
+                except TimeoutError:
+                    raise StalwartError(
+                        ErrorKind.DEADLINE_EXCEEDED, "staleness bound still holds the push"
+                    ) from None
+            self._raise_verdict(verdict, job, header)
+            if verdict is Verdict.DUPLICATE:
+                return paramserver.PushResponse(version=job.model.version, duplicate=True)
+            job.model.stage(header.step, header.slot, crc, grads)
+            entries = job.model.ready_entries(header.step, header.slot)
+            if entries is not None:
+                version = await self._commit(job, entries)
+                return paramserver.PushResponse(version=version)
+            waiter = job.future_for(header.step)
+        try:
+            version = await asyncio.wait_for(
+                asyncio.shield(waiter), max(deadline - asyncio.get_running_loop().time(), 0)
+            )
+        except TimeoutError:
+            raise StalwartError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"step {header.step} is still waiting for other slots; the push is kept, retry",
+            ) from None
+        return paramserver.PushResponse(version=version)
+
+    def _raise_verdict(self, verdict: Verdict, job: JobRuntime, header) -> None:
+        m = job.model
+        messages = {
+            Verdict.CONFLICT: (
+                ErrorKind.CONFLICTING_PUSH,
+                f"step {header.step} slot {header.slot} was applied with different bytes",
+            ),
+            Verdict.AHEAD: (
+                ErrorKind.INVALID_ARGUMENT,
+                f"step {header.step} is ahead of slot {header.slot} (expected {m.version if m.rules.mode.value == 'sync' else m.clocks[header.slot]})",
+            ),
+            Verdict.STALE_BASE: (
+                ErrorKind.TOO_STALE,
+                f"gradient computed from version {header.base_version}, parameters are at {m.version}; pull and recompute",
+            ),
+            Verdict.TOO_STALE: (
+                ErrorKind.TOO_STALE,
+                f"slot {header.slot} is more than {m.rules.staleness} steps ahead of the slowest slot",
+            ),
+        }
+        if verdict in messages:
+            kind, text = messages[verdict]
+            raise StalwartError(kind, text, job=header.job_id)
+
+    async def _commit(self, job: JobRuntime, entries: list[Entry]) -> int:
+        """Apply on backups, then here; wake waiters (caller holds the job's lock)."""
+        step = entries[0].step
+        waiter = job.future_for(step)
+        try:
+            await self.replicator.commit(job.model.job_id, job.model.version, entries)
+            version = await _off_loop(job.model.apply, entries)
+        except Fenced as exc:
+            err = self._fenced(exc)
+            waiter.set_exception(err)
+            raise err from None
+        except StalwartError as err:
+            waiter.set_exception(err)
+            raise
+        waiter.set_result(version)
+        job.step_done.pop(step, None)
+        job.committed.notify_all()
+        return version
+
+    # --- pull ------------------------------------------------------------------
+
+    @rpc_handler
+    async def Pull(self, request, context):
+        self._client(request.epoch)
+        job = self._job(request.job_id)
+        chunk_bytes = min(request.chunk_size or self.chunk_bytes, self.chunk_bytes)
+        timeout = context.time_remaining() or self.sync_wait_s
+        async with job.lock:
+            try:
+                await asyncio.wait_for(
+                    job.committed.wait_for(lambda: job.model.version >= request.min_version),
+                    timeout,
+                )
+            except TimeoutError:
+                raise StalwartError(
+                    ErrorKind.DEADLINE_EXCEEDED,
+                    f"version {request.min_version} not reached (at {job.model.version})",
+                ) from None
+            header, chunks = await self._snapshot(job, request.since_version, chunk_bytes)
+        yield paramserver.PullResponse(header=header)
+        for chunk in chunks:
+            yield paramserver.PullResponse(chunk=chunk)
+
+    async def _snapshot(self, job: JobRuntime, since: int, chunk_bytes: int):
+        """Encoded copy of the changed tensors at the current version, cached."""
+        names = tuple(job.model.changed_since(since))
+        key = (job.model.version, names, chunk_bytes)
+        if job.pull_cache is not None and job.pull_cache[0] == key:
+            return job.pull_cache[1], job.pull_cache[2]
+        tensors = [job.model.params[n] for n in names]
+        chunks = await _off_loop(lambda: list(codec.encode_chunks(tensors, chunk_bytes)))
+        header = paramserver.PullHeader(
+            version=job.model.version,
+            tensors=[codec.spec_of(n, t) for n, t in zip(names, tensors, strict=True)],
+            epoch=self.replica.epoch,
+        )
+        job.pull_cache = (key, header, chunks)
+        return header, chunks
+
+    # --- inspection and control -------------------------------------------------
+
+    @rpc_handler
+    async def GetFingerprint(self, request, context):
+        job = self._job(request.job_id)
+        async with job.lock:
+            prints = await _off_loop(job.model.fingerprints)
+            return paramserver.GetFingerprintResponse(
+                version=job.model.version,
+                epoch=self.replica.epoch,
+                combined=combined_fingerprint(prints),
+                tensors=prints,
+            )
+
+    @rpc_handler
+    async def GetReplicaStatus(self, request, context):
+        return paramserver.GetReplicaStatusResponse(
+            node_id=self.node_id,
+            role=_ROLES[self.replica.role],
+            epoch=self.replica.epoch,
+            shard=self.shard,
+            jobs=[self._job_status(j) for j in self.jobs.values()],
+            backups=[
+                paramserver.BackupStatus(
+                    address=a,
+                    in_sync=set(self.jobs) <= link.synced_jobs,
+                    last_error=link.last_error,
+                )
+                for a, link in self.replica.backups.items()
+            ],
+        )
+
+    @staticmethod
+    def _job_status(job: JobRuntime) -> paramserver.ReplicaJob:
+        m = job.model
+        return paramserver.ReplicaJob(
+            job_id=m.job_id,
+            version=m.version,
+            num_slots=m.rules.num_slots,
+            mode=m.header.consistency.mode,
+            state_bytes=m.state_bytes(),
+        )
+
+    @rpc_handler
+    async def Promote(self, request, context):
+        check = self.replica.promote(request.epoch, list(request.backups))
+        self._raise_check(check, request.epoch)
+        for job in self.jobs.values():
+            job.model.pending.clear()  # clients re-push whatever was not acknowledged
+            job.pull_cache = None
+        log.warning("promoted to primary", epoch=request.epoch, backups=list(request.backups))
+        self._on_role_change(self.replica.role)
+        return paramserver.PromoteResponse(
+            epoch=self.replica.epoch, jobs=[self._job_status(j) for j in self.jobs.values()]
+        )
+
+    @rpc_handler
+    async def ConfigureReplica(self, request, context):
+        roles = {common.REPLICA_ROLE_PRIMARY: Role.PRIMARY, common.REPLICA_ROLE_BACKUP: Role.BACKUP}
+        role = roles.get(request.role)
+        if role is None:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, "role must be PRIMARY or BACKUP")
+        self._raise_check(
+            self.replica.configure(role, request.epoch, list(request.backups)), request.epoch
+        )
+        self._on_role_change(self.replica.role)
+        return paramserver.ConfigureReplicaResponse(
+            role=_ROLES[self.replica.role], epoch=self.replica.epoch
+        )
+
+    @rpc_handler
+    async def DeleteModel(self, request, context):
+        if self.replica.role is Role.PRIMARY:
+            self._client(request.epoch)
+            await self.replicator.delete(request.job_id)
+        else:
+            self._from_primary(request.epoch)
+        deleted = self.jobs.pop(request.job_id, None) is not None
+        return paramserver.DeleteModelResponse(deleted=deleted)
+
+    # --- backup side -------------------------------------------------------------
+
+    @rpc_handler
+    async def ReplicatePush(self, request_iterator, context):
+        header = await _first(request_iterator, "replication header")
+        self._from_primary(header.epoch)
+        push = header.push
+        job = self._job(push.job_id)
+        assembler = await _read_tensors(request_iterator, push.tensors, self.limits)
+        grads = assembler.finish()
+        async with job.lock:
+            job.model.stage(push.step, push.slot, assembler.payload_crc32c, grads)
+        return paramserver.ReplicatePushResponse()
+
+    @rpc_handler
+    async def ReplicateCommit(self, request, context):
+        self._from_primary(request.epoch)
+        job = self.jobs.get(request.job_id)
+        entries = [Entry.from_proto(e) for e in request.entries]
+        if job is None:
+            raise StalwartError(ErrorKind.REPLICA_BEHIND, f"backup lacks job {request.job_id}")
+        async with job.lock:
+            if job.model.version != request.base_version or not job.model.has_entries(entries):
+                raise StalwartError(
+                    ErrorKind.REPLICA_BEHIND,
+                    f"backup at version {job.model.version} lacks what version {request.new_version} needs",
+                )
+            version = await _off_loop(job.model.apply, entries)
+            job.committed.notify_all()
+        return paramserver.ReplicateCommitResponse(version=version)
+
+    @rpc_handler
+    async def InstallState(self, request_iterator, context):
+        header = await _first(request_iterator, "state header")
+        self._from_primary(header.epoch)
+        assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
+        tensors = assembler.finish()
+        model = await _off_loop(JobModel.from_install, header, tensors)
+        self.jobs[model.job_id] = JobRuntime(model)
+        log.info("state installed", job=model.job_id, version=model.version)
+        return paramserver.InstallStateResponse(version=model.version)
+
+    # --- background -------------------------------------------------------------
+
+    async def resync_forever(self, interval_s: float = 0.2) -> None:
+        """Re-install jobs on backups that fell out of sync, while primary."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.replica.role is not Role.PRIMARY:
+                continue
+            for job in list(self.jobs.values()):
+                for address, link in list(self.replica.backups.items()):
+                    if job.model.job_id in link.synced_jobs:
+                        continue
+                    async with job.lock:
+                        try:
+                            await self._install(job, address)
+                        except StalwartError:
+                            break

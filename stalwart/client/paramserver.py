@@ -1,0 +1,270 @@
+"""Parameter-server client: finds each shard group's primary, routes tensor
+pieces by the shard map, and retries through failover with the same
+(job, step, slot) key so that every push is applied exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+import torch
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from stalwart import codec, shardmap
+from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.errors import ErrorKind, RpcError
+
+log = structlog.get_logger(__name__)
+
+# Failures after which the same call, sent to the (possibly new) primary, is safe.
+_RETRY_KINDS = {
+    ErrorKind.UNAVAILABLE,
+    ErrorKind.NO_INSYNC_BACKUP,
+    ErrorKind.NOT_PRIMARY,
+    ErrorKind.FENCED,
+    ErrorKind.STALE_EPOCH,
+    ErrorKind.DEADLINE_EXCEEDED,
+}
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, RpcError) and exc.kind in _RETRY_KINDS
+
+
+@dataclass(frozen=True)
+class PushResult:
+    version: int
+    duplicate: bool
+
+
+class ShardGroupClient:
+    """One shard group: its replica addresses, the primary found among them, its epoch."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        open_channel: Callable[[str], grpc.aio.Channel],
+        call_timeout_s: float = 30.0,
+        retry_for_s: float = 60.0,
+        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+    ):
+        self.addresses = list(addresses)
+        self._open_channel = open_channel
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.call_timeout_s = call_timeout_s
+        self.retry_for_s = retry_for_s
+        self.chunk_bytes = chunk_bytes
+        self.primary: str | None = None
+        self.epoch = 0
+
+    def stub(self, address: str) -> paramserver_grpc.ParamServerServiceStub:
+        if address not in self._channels:
+            self._channels[address] = self._open_channel(address)
+        return paramserver_grpc.ParamServerServiceStub(self._channels[address])
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels.values()))
+        self._channels.clear()
+
+    async def status(self, address: str) -> paramserver.GetReplicaStatusResponse:
+        try:
+            return await self.stub(address).GetReplicaStatus(
+                paramserver.GetReplicaStatusRequest(), timeout=min(self.call_timeout_s, 5.0)
+            )
+        except grpc.RpcError as exc:
+            raise RpcError.from_grpc(exc) from None
+
+    async def discover(self) -> str:
+        """Ask every replica; the primary with the highest epoch wins."""
+        statuses = await asyncio.gather(
+            *(self.status(a) for a in self.addresses), return_exceptions=True
+        )
+        best = None
+        for address, st in zip(self.addresses, statuses, strict=True):
+            if isinstance(st, BaseException) or st.role != common.REPLICA_ROLE_PRIMARY:
+                continue
+            if best is None or st.epoch > best[1]:
+                best = (address, st.epoch)
+        if best is None:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, f"no primary among {self.addresses}")
+        self.primary, self.epoch = best
+        return self.primary
+
+    async def _with_failover(self, attempt: Callable[[str], object]):
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_delay(self.retry_for_s),
+            wait=wait_exponential(multiplier=0.02, max=0.5),
+            reraise=True,
+        )
+        async for try_ in retrying:
+            with try_:
+                try:
+                    primary = self.primary or await self.discover()
+                    return await attempt(primary)
+                except grpc.RpcError as exc:
+                    err = RpcError.from_grpc(exc)
+                    if err.kind in _RETRY_KINDS:
+                        self.primary = None  # find the primary again before the retry
+                    raise err from None
+                except RpcError:
+                    self.primary = None
+                    raise
+
+    # --- calls ---------------------------------------------------------------
+
+    async def register_model(
+        self, header: paramserver.ModelHeader, tensors: Sequence[torch.Tensor]
+    ) -> paramserver.RegisterModelResponse:
+        async def attempt(address):
+            header.epoch = self.epoch
+            messages = [paramserver.RegisterModelRequest(header=header)]
+            messages += [
+                paramserver.RegisterModelRequest(chunk=c)
+                for c in codec.encode_chunks(tensors, self.chunk_bytes)
+            ]
+            return await self.stub(address).RegisterModel(
+                iter(messages), timeout=self.call_timeout_s
+            )
+
+        return await self._with_failover(attempt)
+
+    async def push(
+        self,
+        job_id: str,
+        step: int,
+        slot: int,
+        base_version: int,
+        grads: Mapping[str, torch.Tensor],
+    ) -> PushResult:
+        names = list(grads)
+        tensors = [grads[n] for n in names]
+        specs = [codec.spec_of(n, grads[n]) for n in names]
+        # Encode once; a retry resends the same bytes, so the server sees one key, one CRC.
+        chunks = [
+            paramserver.PushRequest(chunk=c) for c in codec.encode_chunks(tensors, self.chunk_bytes)
+        ]
+
+        async def attempt(address):
+            head = paramserver.PushHeader(
+                job_id=job_id,
+                step=step,
+                slot=slot,
+                base_version=base_version,
+                epoch=self.epoch,
+                tensors=specs,
+            )
+            messages = [paramserver.PushRequest(header=head), *chunks]
+            resp = await self.stub(address).Push(iter(messages), timeout=self.call_timeout_s)
+            return PushResult(resp.version, resp.duplicate)
+
+        return await self._with_failover(attempt)
+
+    async def pull(
+        self, job_id: str, since_version: int = -1, min_version: int = 0
+    ) -> tuple[int, dict[str, torch.Tensor]]:
+        async def attempt(address):
+            request = paramserver.PullRequest(
+                job_id=job_id,
+                since_version=since_version,
+                min_version=min_version,
+                epoch=self.epoch,
+                chunk_size=self.chunk_bytes,
+            )
+            stream = self.stub(address).Pull(request, timeout=self.call_timeout_s)
+            header = None
+            assembler = None
+            async for message in stream:
+                if message.WhichOneof("part") == "header":
+                    header = message.header
+                    assembler = codec.ChunkAssembler(header.tensors)
+                elif assembler is None:
+                    raise RpcError(grpc.StatusCode.INTERNAL, "pull stream began without a header")
+                else:
+                    assembler.add(message.chunk)
+            if header is None:
+                raise RpcError(grpc.StatusCode.INTERNAL, "pull stream was empty")
+            return header.version, assembler.finish()
+
+        return await self._with_failover(attempt)
+
+    async def fingerprint(self, job_id: str, address: str | None = None):
+        target = address or self.primary or await self.discover()
+        try:
+            return await self.stub(target).GetFingerprint(
+                paramserver.GetFingerprintRequest(job_id=job_id), timeout=self.call_timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise RpcError.from_grpc(exc) from None
+
+
+class ParamServerClient:
+    """All shard groups of a job's parameters, routed by the deterministic shard map."""
+
+    def __init__(self, groups: Sequence[ShardGroupClient]):
+        self.groups = list(groups)
+        self.pieces: list[shardmap.Piece] = []
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.groups)
+
+    def plan(self, params: Mapping[str, torch.Tensor]) -> list[shardmap.Piece]:
+        self.pieces = shardmap.build_shard_map(shardmap.shapes_of(params), self.num_shards)
+        return self.pieces
+
+    async def register_model(
+        self,
+        job_id: str,
+        params: Mapping[str, torch.Tensor],
+        optimizer: common.OptimizerSpec,
+        consistency: common.ConsistencySpec,
+        num_slots: int,
+    ) -> None:
+        per_shard = shardmap.split(params, self.plan(params))
+
+        async def one(group: ShardGroupClient, pieces: dict[str, torch.Tensor]):
+            header = paramserver.ModelHeader(
+                job_id=job_id,
+                optimizer=optimizer,
+                consistency=consistency,
+                num_slots=num_slots,
+                tensors=[codec.spec_of(n, t) for n, t in pieces.items()],
+                chunk_size=group.chunk_bytes,
+            )
+            await group.register_model(header, list(pieces.values()))
+
+        await asyncio.gather(*(one(g, p) for g, p in zip(self.groups, per_shard, strict=True)))
+
+    async def push(
+        self,
+        job_id: str,
+        step: int,
+        slot: int,
+        base_version: int,
+        grads: Mapping[str, torch.Tensor],
+    ) -> list[PushResult]:
+        per_shard = shardmap.split(grads, self.pieces)
+        return list(
+            await asyncio.gather(
+                *(
+                    g.push(job_id, step, slot, base_version, p)
+                    for g, p in zip(self.groups, per_shard, strict=True)
+                )
+            )
+        )
+
+    async def pull(self, job_id: str, since_version: int = -1, min_version: int = 0):
+        """Returns (version per shard, full tensors that changed)."""
+        results = await asyncio.gather(
+            *(g.pull(job_id, since_version, min_version) for g in self.groups)
+        )
+        versions = [v for v, _ in results]
+        return versions, shardmap.join([t for _, t in results], self.pieces)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(g.close() for g in self.groups))
