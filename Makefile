@@ -1,24 +1,117 @@
-# Stalwart developer commands. `make test` and `make demo` work from a fresh clone.
+# Stalwart developer commands. `make test` and `make demo` work from a fresh clone:
+# every target installs what it needs first. See docs/development.md.
 SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := setup
+
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Installed-project marker: redone when pyproject.toml changes.
 STAMP := $(VENV)/.installed
+UV_SPEC := uv>=0.9,<0.14
 
-.PHONY: setup proto lint test bench demo clean
+# Protobuf/gRPC code is generated into stalwart/v1/ (gitignored), never committed.
+PROTOS := $(sort $(wildcard protos/stalwart/v1/*.proto))
+GEN_DIR := stalwart/v1
+GEN_STAMP := $(GEN_DIR)/.generated
 
-setup: $(STAMP) proto
+# buf comes from the npm registry, installed locally under .tools/ (gitignored).
+TOOLS := .tools
+BUF_VERSION := 1.75.0
+BUF := $(TOOLS)/node_modules/.bin/buf
+BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
+PYTEST_ARGS ?=
+
+.PHONY: help setup proto lint fmt test backends bench demo clean distclean
+
+help:
+	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
+	@echo "make proto      regenerate $(GEN_DIR)/ from protos/"
+	@echo "make lint       ruff check + buf lint"
+	@echo "make fmt        ruff format + ruff check --fix"
+	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
+	@echo "make bench      stalwart bench ps --output json"
+	@echo "make demo       stalwart demo"
+	@echo "make clean      generated code, caches, run logs;  make distclean: also $(VENV) and $(TOOLS)"
+
+# ---------------------------------------------------------------- setup
+
+setup: $(STAMP) $(GEN_STAMP)
+
+# uv (from PyPI, inside the venv) installs in parallel and links from its cache, so a
+# second clone installs in seconds; plain pip is the fallback.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
+	test -x $(BIN)/uv || $(BIN)/python -m pip install -q '$(UV_SPEC)'
+	if ! $(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]'; then \
+	  echo "uv failed; falling back to pip" >&2; \
+	  $(BIN)/python -m pip install -q -e '.[dev]'; \
+	fi
+	touch $@
+
+$(GEN_STAMP): $(STAMP) $(PROTOS)
+	$(MAKE) --no-print-directory proto
 
 proto: $(STAMP)
-	mkdir -p stalwart/v1
-	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. --pyi_out=. protos/stalwart/v1/*.proto
-	touch stalwart/v1/__init__.py
+	mkdir -p $(GEN_DIR)
+	rm -f $(GEN_DIR)/*_pb2.py $(GEN_DIR)/*_pb2.pyi $(GEN_DIR)/*_pb2_grpc.py
+	$(BIN)/python -m grpc_tools.protoc -Iprotos \
+	  --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+	touch $(GEN_DIR)/__init__.py $(GEN_STAMP)
 
-test: setup
-	$(BIN)/python -m pytest tests
+# ---------------------------------------------------------------- lint
+
+$(BUF_STAMP):
+	mkdir -p $(TOOLS)
+	npm install --prefix $(TOOLS) --no-save --no-audit --no-fund --loglevel=error \
+	  @bufbuild/buf@$(BUF_VERSION)
+	$(BUF) --version >/dev/null
+	touch $@
+
+lint: $(STAMP) $(BUF_STAMP)
+	$(BIN)/ruff check .
+	cd protos && ../$(BUF) lint
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# ---------------------------------------------------------------- tests
+
+# --- backends -------------------------------------------------------------------
+# Redis and Ignite for the integration tests. scripts/backends/install.sh (maintained
+# with the backend fixtures in tests/backends.py) installs redis-server via apt when
+# root and fetches the Ignite jars via Maven; the fixtures start the servers themselves.
+backends:
+	@if [ -f scripts/backends/install.sh ]; then \
+	  bash scripts/backends/install.sh; \
+	else \
+	  echo "backends: scripts/backends/install.sh not present, nothing to install"; \
+	fi
+# --------------------------------------------------------------------------------
+
+# pytest exit status 5 means it collected no tests: that is a failure, said plainly.
+test: setup backends
+	rc=0; $(BIN)/python -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+# ---------------------------------------------------------------- run
+
+bench: setup
+	$(BIN)/stalwart bench ps --output json
+
+demo: setup
+	$(BIN)/stalwart demo
+
+# ---------------------------------------------------------------- clean
+
+clean:
+	rm -rf $(GEN_DIR) runs .pytest_cache .ruff_cache build dist
+	find . -path ./$(VENV) -prune -o -path ./$(TOOLS) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -maxdepth 1 -name '*.egg-info' -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) $(TOOLS)
