@@ -1,0 +1,219 @@
+"""Client channels built one way: TLS material, message limits, keepalive, retries, token.
+
+Retry policy: the service config retries UNAVAILABLE (and only that) for every
+``stalwart.v1`` method. That is safe because the wire contract makes every
+mutating RPC idempotent under retry (request ids, (job, step, slot) keys,
+epochs). A future RPC that is not idempotent must get its own ``methodConfig``
+entry without a ``retryPolicy`` in :func:`service_config`. Streaming calls are
+only retried by gRPC before the first response arrives and while the sent
+messages fit its retry buffer; past that the caller sees UNAVAILABLE itself.
+
+Deadline convention: every client call passes ``timeout=``. Channels from
+:func:`open_channel` refuse a call without one (``ValueError``) instead of
+letting it hang forever; :func:`call_with_deadline` is the short form that also
+turns failures into :class:`stalwart.errors.RpcError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from stalwart import api
+from stalwart.auth import AUTH_HEADER
+from stalwart.errors import RpcError
+from stalwart.settings import MIB, ServiceSettings
+
+DEFAULT_TIMEOUT_S = 10.0
+
+# Client pings every 30 s on idle connections so a dead peer (or a NAT that
+# dropped the flow) is noticed in ~40 s instead of at the next call. The server
+# accepts pings this often (see stalwart.server).
+KEEPALIVE_OPTIONS = (
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+RETRY_POLICY = {
+    "maxAttempts": 4,
+    "initialBackoff": "0.1s",
+    "maxBackoff": "2s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+
+
+def service_config() -> str:
+    """gRPC service config JSON: retry UNAVAILABLE on every stalwart.v1 service."""
+    names = [{"service": name} for name in api.SERVICE_NAMES]
+    return json.dumps({"methodConfig": [{"name": names, "retryPolicy": RETRY_POLICY}]})
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """What a client needs to reach a server; build it from settings or by hand."""
+
+    tls_cert: Path | None = None
+    """Client certificate (sent to the server when it asks for mTLS)."""
+    tls_key: Path | None = None
+    """Private key of tls_cert."""
+    tls_ca: Path | None = None
+    """CA that signed the server's certificate; setting it turns TLS on."""
+    max_message_bytes: int = 8 * MIB
+    """Largest message sent or received."""
+    server_name: str | None = None
+    """TLS name to check when the certificate does not name the dialled address."""
+
+    @classmethod
+    def from_settings(cls, settings: ServiceSettings) -> ChannelConfig:
+        return cls(
+            tls_cert=settings.tls_cert,
+            tls_key=settings.tls_key,
+            tls_ca=settings.tls_ca,
+            max_message_bytes=settings.max_message_bytes,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_ca is not None or self.tls_cert is not None
+
+    def options(self) -> list[tuple[str, Any]]:
+        opts: list[tuple[str, Any]] = [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.service_config", service_config()),
+            ("grpc.enable_retries", 1),
+            *KEEPALIVE_OPTIONS,
+        ]
+        if self.server_name:
+            opts.append(("grpc.ssl_target_name_override", self.server_name))
+        return opts
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.tls_ca),
+            private_key=_read(self.tls_key),
+            certificate_chain=_read(self.tls_cert),
+        )
+
+
+def _read(path: Path | None) -> bytes | None:
+    return Path(path).read_bytes() if path is not None else None
+
+
+def _config(source: ServiceSettings | ChannelConfig | None) -> ChannelConfig:
+    if isinstance(source, ServiceSettings):
+        return ChannelConfig.from_settings(source)
+    return source or ChannelConfig()
+
+
+def open_channel(
+    address: str,
+    config: ServiceSettings | ChannelConfig | None = None,
+    role_token: str | None = None,
+) -> grpc.aio.Channel:
+    """An aio channel to ``host:port``; TLS when the config has TLS material.
+
+    ``role_token`` is sent as ``authorization: Bearer ...`` on every call.
+    """
+    cfg = _config(config)
+    interceptors = [_AioClientInterceptor(role_token)]
+    if cfg.tls:
+        return grpc.aio.secure_channel(
+            address, cfg.credentials(), options=cfg.options(), interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(address, options=cfg.options(), interceptors=interceptors)
+
+
+def open_sync_channel(
+    address: str,
+    config: ServiceSettings | ChannelConfig | None = None,
+    role_token: str | None = None,
+) -> grpc.Channel:
+    """Blocking twin of :func:`open_channel`, for scripts and the CLI."""
+    cfg = _config(config)
+    if cfg.tls:
+        channel = grpc.secure_channel(address, cfg.credentials(), options=cfg.options())
+    else:
+        channel = grpc.insecure_channel(address, options=cfg.options())
+    return grpc.intercept_channel(channel, _SyncClientInterceptor(role_token))
+
+
+T = TypeVar("T")
+
+
+async def call_with_deadline(
+    rpc: Callable[..., Awaitable[T]],
+    request: Any,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    **kwargs: Any,
+) -> T:
+    """``await rpc(request, timeout=timeout)``, failures raised as :class:`RpcError`."""
+    try:
+        return await rpc(request, timeout=timeout, **kwargs)
+    except grpc.RpcError as err:
+        raise RpcError.from_grpc(err) from err
+
+
+# --- interceptors: token + deadline check ---------------------------------------------
+
+
+def _prepare(details: Any, token: str | None) -> Any:
+    if details.timeout is None:
+        raise ValueError(f"{details.method!r} called without timeout=; every call needs a deadline")
+    if not token:
+        return details
+    metadata = list(details.metadata or ())
+    metadata.append((AUTH_HEADER, f"Bearer {token}"))
+    return details._replace(metadata=metadata)
+
+
+class _AioClientInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    def __init__(self, token: str | None) -> None:
+        self._token = token
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(_prepare(client_call_details, self._token), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(_prepare(client_call_details, self._token), request)
+
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return await continuation(_prepare(client_call_details, self._token), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await continuation(_prepare(client_call_details, self._token), request_iterator)
+
+
+class _SyncClientInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    def __init__(self, token: str | None) -> None:
+        self._token = token
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(_prepare(client_call_details, self._token), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(_prepare(client_call_details, self._token), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return continuation(_prepare(client_call_details, self._token), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(_prepare(client_call_details, self._token), request_iterator)

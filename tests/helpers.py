@@ -1,0 +1,52 @@
+"""Small helpers shared by tests: wait for a condition instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def assert_eventually(
+    fn: Callable[[], T], timeout: float = 10.0, interval: float = 0.05, message: str = ""
+) -> T:
+    """Call ``fn`` until it neither raises AssertionError nor returns a falsy value.
+
+    ``None`` counts as success, so a check written as bare ``assert`` statements
+    works as well as a predicate. Returns the last result. On timeout it fails
+    with the last AssertionError (or falsy value), so the output says what was
+    still wrong.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = fn()
+            if result is None or result:
+                return result
+            last: BaseException = AssertionError(f"{message or fn} returned {result!r}")
+        except AssertionError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not true after {timeout}s: {last}") from last
+        time.sleep(interval)
+
+
+async def assert_eventually_async(
+    fn: Callable[[], Awaitable[T]], timeout: float = 10.0, interval: float = 0.05, message: str = ""
+) -> T:
+    """The asyncio twin of :func:`assert_eventually` for coroutine conditions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = await fn()
+            if result is None or result:
+                return result
+            last: BaseException = AssertionError(f"{message or fn} returned {result!r}")
+        except AssertionError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not true after {timeout}s: {last}") from last
+        await asyncio.sleep(interval)
