@@ -1,0 +1,263 @@
+"""Loaders for the health evaluation data sets.
+
+Two shapes of data come out of here:
+
+- ``DetectionSet`` (smd, asd, csv with a ``label`` column): per machine an unlabelled
+  training series, a test series and its point labels. Detectors fit on train only.
+- ``PredictionSet`` (cmapss, transceiver, csv with a ``failure_time`` column): entities
+  (engines, optical modules) observed over time, some of which fail. The task is
+  "fails within ``horizon`` time units", judged per window and per entity.
+
+Public data sets are read from ``$STALWART_DATA_DIR`` (default: ``../shared/data`` relative
+to the repository root) and never copied. A missing data set raises ``DatasetMissing``
+whose message says in one line where to get it.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_SOURCES = {
+    "smd": "NetManAIOps/OmniAnomaly ServerMachineDataset (labels) + zhhlee/InterFusion data/processed (metrics)",
+    "asd": "zhhlee/InterFusion data/processed omi-<n> (ASD)",
+    "cmapss-fd001": "NASA Ames Prognostics Data Repository, 'Turbofan Engine Degradation Simulation' (CMAPSSData.zip, FD001)",
+}
+
+
+class DatasetMissing(FileNotFoundError):
+    """A data set is not on disk; the message says where to get it."""
+
+
+def data_dir() -> Path:
+    """Root of the shared data sets: $STALWART_DATA_DIR, else ../shared/data beside the repo."""
+    env = os.environ.get("STALWART_DATA_DIR")
+    return Path(env) if env else (REPO_ROOT.parent / "shared" / "data")
+
+
+def _folder(name: str) -> Path:
+    path = data_dir() / name
+    if not path.is_dir():
+        raise DatasetMissing(
+            f"{name} not found at {path}: get it from {_SOURCES[name]} "
+            f"(layout in shared/data/{name}/README.md) or set STALWART_DATA_DIR"
+        )
+    return path
+
+
+# --------------------------------------------------------------------------- detection
+
+
+@dataclass
+class Machine:
+    name: str
+    train: np.ndarray  # (n_train, d) float32, unlabelled
+    test: np.ndarray  # (n_test, d) float32
+    labels: np.ndarray  # (n_test,) int8, 1 = anomalous point
+
+
+@dataclass
+class DetectionSet:
+    name: str
+    machines: list[Machine]
+
+
+def _lab_layout(folder: str, machines: list[str] | None) -> DetectionSet:
+    """SMD and ASD share one layout: train/<m>.txt.gz, test/<m>.txt.gz, test_label/<m>.txt."""
+    root = _folder(folder)
+    available = sorted(p.name[: -len(".txt.gz")] for p in (root / "test").glob("*.txt.gz"))
+    wanted = machines or available
+    unknown = [m for m in wanted if m not in available]
+    if unknown:
+        raise DatasetMissing(
+            f"{folder}: no metrics for {', '.join(unknown)} in {root} "
+            f"(available: {', '.join(available)}); get them from {_SOURCES[folder]}"
+        )
+    out = []
+    for m in wanted:
+        train = np.loadtxt(root / "train" / f"{m}.txt.gz", delimiter=",", dtype=np.float32)
+        test = np.loadtxt(root / "test" / f"{m}.txt.gz", delimiter=",", dtype=np.float32)
+        labels = np.loadtxt(root / "test_label" / f"{m}.txt", dtype=np.int8)
+        if labels.shape[0] != test.shape[0]:
+            raise ValueError(f"{folder}/{m}: {labels.shape[0]} labels for {test.shape[0]} rows")
+        out.append(Machine(m, train, test, labels))
+    return DetectionSet(folder, out)
+
+
+def load_smd(machines: list[str] | None = None) -> DetectionSet:
+    return _lab_layout("smd", machines)
+
+
+def load_asd(machines: list[str] | None = None) -> DetectionSet:
+    return _lab_layout("asd", machines)
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+@dataclass
+class Entity:
+    name: str
+    t: np.ndarray  # (T,) time of each sample, increasing
+    x: np.ndarray  # (T, d) float32; NaN marks a missing sample
+    failure_time: float = float("nan")  # NaN: did not fail while observed
+    kind: str = ""  # failure mode or healthy variant (generator ground truth, for reports)
+    warning: float = float("nan")  # how long before failure the precursor starts
+
+
+@dataclass
+class PredictionSet:
+    name: str
+    channels: list[str]
+    train: list[Entity]
+    test: list[Entity]
+    horizon: float  # label = fails within this many time units
+    time_unit: str
+    step: float  # nominal sampling interval, in time units
+    notes: dict = field(default_factory=dict)
+
+
+def _cmapss_entities(rows: np.ndarray, keep: np.ndarray, rul_end: np.ndarray | None):
+    out = []
+    for unit in np.unique(rows[:, 0]).astype(int):
+        r = rows[rows[:, 0] == unit]
+        cycles = r[:, 1]
+        # Train engines fail at their last cycle (RUL 0 there); test engines stop
+        # rul_end cycles before failure.
+        end = cycles[-1] + (rul_end[unit - 1] if rul_end is not None else 0.0)
+        out.append(Entity(f"unit-{unit}", cycles, r[:, keep].astype(np.float32), float(end)))
+    return out
+
+
+def load_cmapss(horizon: float = 30.0) -> PredictionSet:
+    """C-MAPSS FD001. Label: the engine fails within ``horizon`` cycles (RUL <= horizon)."""
+    root = _folder("cmapss-fd001")
+    train = np.loadtxt(root / "train_FD001.txt")
+    test = np.loadtxt(root / "test_FD001.txt")
+    rul = np.loadtxt(root / "RUL_FD001.txt")
+    names = ["unit", "cycle", "op1", "op2", "op3"] + [f"s{i}" for i in range(1, 22)]
+    # Constant columns carry no information; the operating settings are noise in FD001
+    # (one operating condition), so only the 14 varying sensors stay.
+    keep = np.array([i for i in range(5, 26) if train[:, i].std() > 1e-6])
+    return PredictionSet(
+        name="cmapss",
+        channels=[names[i] for i in keep],
+        train=_cmapss_entities(train, keep, None),
+        test=_cmapss_entities(test, keep, rul),
+        horizon=horizon,
+        time_unit="cycles",
+        step=1.0,
+    )
+
+
+# --------------------------------------------------------------------------- csv
+
+
+CSV_SCHEMA = """\
+CSV schema (header row required, comma-separated):
+  entity        id of the machine/module/node the row belongs to (string)
+  timestamp     float time in hours, or ISO 8601 (converted to hours since the epoch)
+  <metrics...>  any other numeric columns; empty cell = missing sample
+  label         0/1 per row (anomaly detection)            -- one of these two
+  failure_time  time the entity failed, same unit as timestamp, empty if it never did
+  split         optional: train/test per row (detection) or per entity (prediction)
+"""
+
+
+def _parse_time(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        seconds = np.datetime64(value.replace("Z", ""), "s").astype(np.int64)
+        return float(seconds) / 3600.0
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        header = reader.fieldnames or []
+    for col in ("entity", "timestamp"):
+        if col not in header:
+            raise ValueError(f"{path}: missing column '{col}'\n{CSV_SCHEMA}")
+    if ("label" in header) == ("failure_time" in header):
+        raise ValueError(f"{path}: need exactly one of 'label' or 'failure_time'\n{CSV_SCHEMA}")
+    return header, rows
+
+
+def _num(v: str) -> float:
+    return float(v) if v not in ("", "nan", "NaN", None) else float("nan")
+
+
+def load_csv(path: str, horizon: float = 24.0, seed: int = 0) -> DetectionSet | PredictionSet:
+    """Read a telemetry file in ``CSV_SCHEMA``. Without a split column, detection entities
+    use their first half as training data; prediction entities go 70/30 into train/test
+    by a seeded shuffle."""
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetMissing(f"csv file {p} not found; the schema is:\n{CSV_SCHEMA}")
+    header, rows = _read_rows(p)
+    reserved = {"entity", "timestamp", "label", "failure_time", "split"}
+    metrics = [c for c in header if c not in reserved]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["entity"], []).append(r)
+    if "label" in header:
+        return _csv_detection(p.name, groups, metrics)
+    return _csv_prediction(p.name, groups, metrics, horizon, seed)
+
+
+def _sorted_block(rs: list[dict], metrics: list[str]):
+    rs = sorted(rs, key=lambda r: _parse_time(r["timestamp"]))
+    t = np.array([_parse_time(r["timestamp"]) for r in rs])
+    x = np.array([[_num(r[m]) for m in metrics] for r in rs], dtype=np.float32)
+    return rs, t, x
+
+
+def _csv_detection(name, groups, metrics) -> DetectionSet:
+    machines = []
+    for ent, rs in groups.items():
+        rs, _, x = _sorted_block(rs, metrics)
+        y = np.array([int(float(r["label"] or 0)) for r in rs], dtype=np.int8)
+        if "split" in rs[0]:
+            is_train = np.array([r["split"].strip().lower() == "train" for r in rs])
+        else:
+            is_train = np.arange(len(rs)) < len(rs) // 2
+        # Detectors train unlabelled, so missing values are filled from the column
+        # median of the training part (forward-fill would need an order-aware model).
+        med = np.nan_to_num(np.nanmedian(x[is_train], axis=0))
+        x = np.where(np.isnan(x), med, x)
+        machines.append(Machine(ent, x[is_train], x[~is_train], y[~is_train]))
+    return DetectionSet(f"csv:{name}", machines)
+
+
+def _csv_prediction(name, groups, metrics, horizon, seed) -> PredictionSet:
+    ents, split = [], {}
+    for ent, rs in groups.items():
+        rs, t, x = _sorted_block(rs, metrics)
+        f = _num(rs[0]["failure_time"])
+        # Rows at or after the failure are the dead module, not a precursor.
+        keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)
+        ents.append(Entity(ent, t[keep], x[keep], f, "failing" if np.isfinite(f) else "healthy"))
+        if "split" in rs[0]:
+            split[ent] = rs[0]["split"].strip().lower()
+    if not split:
+        order = np.random.default_rng(seed).permutation(len(ents))
+        cut = int(round(0.7 * len(ents)))
+        split = {ents[i].name: ("train" if k < cut else "test") for k, i in enumerate(order)}
+    steps = [np.median(np.diff(e.t)) for e in ents if len(e.t) > 1]
+    return PredictionSet(
+        name=f"csv:{name}",
+        channels=metrics,
+        train=[e for e in ents if split[e.name] == "train"],
+        test=[e for e in ents if split[e.name] != "train"],
+        horizon=horizon,
+        time_unit="hours",
+        step=float(np.median(steps)) if steps else 1.0,
+    )

@@ -1,0 +1,159 @@
+"""Unsupervised anomaly detectors with one contract: ``fit(train)`` then ``score(x)``.
+
+Every detector learns from unlabelled training data only. ``fit`` holds out the last
+``val_fraction`` of the training series (the most recent part, as a deployment would) and
+sets ``threshold`` to the ``quantile`` of the scores on that held-out part, so no test
+label ever touches a threshold. A higher score means more anomalous.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.decomposition import PCA
+from sklearn.ensemble import IsolationForest
+from torch import nn
+
+
+class Detector:
+    name = "detector"
+
+    def __init__(self, quantile: float = 0.99, val_fraction: float = 0.2, seed: int = 0):
+        self.quantile = quantile
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.threshold = float("inf")
+
+    def fit(self, train: np.ndarray) -> Detector:
+        train = np.asarray(train, dtype=np.float32)
+        cut = int(len(train) * (1 - self.val_fraction))
+        self._fit(train[:cut])
+        self.threshold = float(np.quantile(self.score(train[cut:]), self.quantile))
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.score(x) >= self.threshold
+
+    def _fit(self, x: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def score(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class ThresholdRule(Detector):
+    """What a static alarm does: flag a point when any metric leaves its usual range.
+    Score = largest |z| over metrics, z against the training mean and spread."""
+
+    name = "threshold_rule"
+
+    def _fit(self, x):
+        self.mu = x.mean(axis=0)
+        # Metrics that never move in training get a floor, else any wiggle is infinite.
+        self.sd = np.maximum(x.std(axis=0), 1e-3)
+
+    def score(self, x):
+        return np.abs((np.asarray(x) - self.mu) / self.sd).max(axis=1)
+
+
+class PCAReconstruction(Detector):
+    """Baseline: squared error of reconstructing each point from the principal subspace
+    that keeps ``variance`` of the training variance."""
+
+    name = "pca"
+
+    def __init__(self, variance: float = 0.9, **kw):
+        super().__init__(**kw)
+        self.variance = variance
+
+    def _fit(self, x):
+        self.pca = PCA(n_components=self.variance, svd_solver="full").fit(x)
+
+    def score(self, x):
+        x = np.asarray(x, dtype=np.float64)
+        rec = self.pca.inverse_transform(self.pca.transform(x))
+        return ((x - rec) ** 2).sum(axis=1)
+
+
+class IForest(Detector):
+    """Isolation Forest on single points (scikit-learn). score_samples is higher for
+    normal points, so the anomaly score is its negation."""
+
+    name = "isolation_forest"
+
+    def __init__(self, n_estimators: int = 100, **kw):
+        super().__init__(**kw)
+        self.n_estimators = n_estimators
+
+    def _fit(self, x):
+        self.model = IsolationForest(
+            n_estimators=self.n_estimators, random_state=self.seed, n_jobs=1
+        ).fit(x)
+
+    def score(self, x):
+        return -self.model.score_samples(np.asarray(x, dtype=np.float32))
+
+
+def sliding(x: np.ndarray, window: int) -> np.ndarray:
+    """(n, d) -> (n, window*d): row i holds points i-window+1..i, the first row repeated
+    before the start so every point gets a score."""
+    pad = np.repeat(x[:1], window - 1, axis=0)
+    xp = np.concatenate([pad, x], axis=0)
+    idx = np.arange(len(x))[:, None] + np.arange(window)[None, :]
+    return xp[idx].reshape(len(x), -1)
+
+
+class _AE(nn.Module):
+    def __init__(self, n_in: int, hidden: int, code: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, code), nn.ReLU(),
+            nn.Linear(code, hidden), nn.ReLU(), nn.Linear(hidden, n_in),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Autoencoder(Detector):
+    """A small fully connected autoencoder over sliding windows (torch, CPU).
+
+    Windows let it learn how metrics move together over a few steps, which single-point
+    detectors cannot; the score of a point is the mean squared reconstruction error of
+    the window ending at it."""
+
+    name = "autoencoder"
+
+    def __init__(self, window: int = 10, hidden: int = 128, code: int = 16, epochs: int = 15,
+                 lr: float = 1e-3, batch: int = 256, **kw):
+        super().__init__(**kw)
+        self.window, self.hidden, self.code = window, hidden, code
+        self.epochs, self.lr, self.batch = epochs, lr, batch
+
+    def _fit(self, x):
+        torch.manual_seed(self.seed)
+        w = torch.from_numpy(sliding(x, self.window).astype(np.float32))
+        self.model = _AE(w.shape[1], self.hidden, self.code)
+        opt = torch.optim.Adam(self.model.parameters(), lr=self.lr)
+        gen = torch.Generator().manual_seed(self.seed)
+        self.model.train()
+        for _ in range(self.epochs):
+            for idx in torch.randperm(len(w), generator=gen).split(self.batch):
+                loss = ((self.model(w[idx]) - w[idx]) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        self.model.eval()
+
+    def score(self, x):
+        w = torch.from_numpy(sliding(np.asarray(x, np.float32), self.window))
+        with torch.no_grad():
+            return ((self.model(w) - w) ** 2).mean(dim=1).numpy().astype(np.float64)
+
+
+ALL = {
+    "threshold_rule": ThresholdRule,
+    "pca": PCAReconstruction,
+    "isolation_forest": IForest,
+    "autoencoder": Autoencoder,
+}
