@@ -70,9 +70,13 @@ $(BUF_STAMP):
 	$(BUF) --version >/dev/null
 	touch $@
 
+# Both linters always run; the target fails if either found something.
 lint: $(STAMP) $(BUF_STAMP)
-	$(BIN)/ruff check .
-	cd protos && ../$(BUF) lint
+	rc=0; \
+	$(BIN)/ruff check . || rc=1; \
+	(cd protos && ../$(BUF) lint) && echo "buf lint: clean" || rc=1; \
+	if [ $$rc -eq 0 ]; then echo "lint: ruff and buf clean"; fi; \
+	exit $$rc
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
