@@ -248,8 +248,7 @@ class ServiceRunner:
         self.port = _bind(server, self.settings)
         await server.start()
         self._server = server
-        if not self._initially_serving:
-            await self.set_serving(False)
+        await self.set_serving(self._initially_serving)
         self._start_metrics()
         self._write_ready()
         self._log.info(
