@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Start or stop throwaway Apache Ignite 2.x server nodes for tests and local runs.
+#
+#   scripts/backends/ignite.sh install          Java 17 + Maven (apt, when root), then build
+#   scripts/backends/ignite.sh build            resolve ignite-core, compile the launcher
+#   scripts/backends/ignite.sh start DIR [N]    start N nodes (default 1); print the URL
+#   scripts/backends/ignite.sh stop DIR         stop every node started in DIR
+#   scripts/backends/ignite.sh url DIR          print the URL of the nodes running in DIR
+#
+# Each node binds 127.0.0.1 only, finds its peers through a static list of
+# loopback discovery ports (never multicast), keeps everything in memory and
+# serves thin clients on a free port. The URL is ignite://127.0.0.1:P1[,127.0.0.1:P2...].
+# Environment: STALWART_IGNITE_HEAP (default 512m), STALWART_IGNITE_REGION_MB
+# (off-heap data region, default 256), STALWART_IGNITE_START_TIMEOUT (s, default 120).
+# Exit status 3: Java or Maven cannot be had (not installed and not root).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PROJECT=$ROOT/deploy/ignite
+JAR=$PROJECT/target/stalwart-ignite-node.jar
+LIB=$PROJECT/target/lib
+MAIN=dev.stalwart.ignite.StalwartIgniteNode
+HEAP=${STALWART_IGNITE_HEAP:-512m}
+REGION_MB=${STALWART_IGNITE_REGION_MB:-256}
+START_TIMEOUT=${STALWART_IGNITE_START_TIMEOUT:-120}
+
+# Module openings Ignite 2.x needs on Java 17 (the same set its own launcher passes).
+JAVA17_OPENS=(
+  --add-opens=java.base/jdk.internal.access=ALL-UNNAMED
+  --add-opens=java.base/jdk.internal.misc=ALL-UNNAMED
+  --add-opens=java.base/sun.nio.ch=ALL-UNNAMED
+  --add-opens=java.base/sun.util.calendar=ALL-UNNAMED
+  --add-opens=java.management/com.sun.jmx.mbeanserver=ALL-UNNAMED
+  --add-opens=jdk.internal.jvmstat/sun.jvmstat.monitor=ALL-UNNAMED
+  --add-opens=java.base/sun.reflect.generics.reflectiveObjects=ALL-UNNAMED
+  --add-opens=jdk.management/com.sun.management.internal=ALL-UNNAMED
+  --add-opens=java.base/java.io=ALL-UNNAMED
+  --add-opens=java.base/java.nio=ALL-UNNAMED
+  --add-opens=java.base/java.net=ALL-UNNAMED
+  --add-opens=java.base/java.util=ALL-UNNAMED
+  --add-opens=java.base/java.util.concurrent=ALL-UNNAMED
+  --add-opens=java.base/java.util.concurrent.locks=ALL-UNNAMED
+  --add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED
+  --add-opens=java.base/java.lang=ALL-UNNAMED
+  --add-opens=java.base/java.lang.invoke=ALL-UNNAMED
+  --add-opens=java.base/java.math=ALL-UNNAMED
+  --add-opens=java.sql/java.sql=ALL-UNNAMED
+  --add-opens=java.base/java.lang.reflect=ALL-UNNAMED
+  --add-opens=java.base/java.time=ALL-UNNAMED
+  --add-opens=java.base/java.text=ALL-UNNAMED
+  --add-opens=java.management/sun.management=ALL-UNNAMED
+)
+
+java_major() {
+  java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
+}
+
+ensure_tools() {
+  if ! command -v java >/dev/null || ! command -v javac >/dev/null || ! command -v mvn >/dev/null; then
+    apt_install openjdk-17-jdk-headless maven || true
+  fi
+  command -v java >/dev/null || die "java is not installed and cannot be installed here (needs root and apt-get)" 3
+  local major
+  major=$(java_major)
+  [[ ${major:-0} -ge 11 ]] || die "Ignite 2.x needs Java 11 or newer; found ${major:-none}" 3
+}
+
+built() { [[ -s $JAR && -s $LIB/ignite-core-2.16.0.jar && $JAR -nt $PROJECT/pom.xml ]]; }
+
+build() {
+  built && return 0
+  ensure_tools
+  command -v mvn >/dev/null || die "mvn is not installed and cannot be installed here (needs root and apt-get)" 3
+  log "building the Ignite launcher (mvn package dependency:copy-dependencies)"
+  mvn -q -B -f "$PROJECT/pom.xml" package dependency:copy-dependencies >&2 ||
+    die "maven build of deploy/ignite failed" 3
+}
+
+start_node() { # DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT PEERS
+  local dir=$1
+  mkdir -p "$dir/work"
+  # setsid: the node gets its own session, so a Ctrl-C in the caller's terminal
+  # does not reach it; stop() ends it by pid.
+  setsid java -server -Xms64m -Xmx"$HEAP" -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError \
+    -Xss1m -XX:TieredStopAtLevel=1 \
+    "${JAVA17_OPENS[@]}" \
+    -Djava.net.preferIPv4Stack=true \
+    -DIGNITE_HOME="$dir" -DIGNITE_QUIET=true -DIGNITE_NO_ASCII=true \
+    -DIGNITE_UPDATE_NOTIFIER=false -DIGNITE_PERFORMANCE_SUGGESTIONS_DISABLED=true \
+    -cp "$JAR:$LIB/*" "$MAIN" \
+    --host 127.0.0.1 --client-port "$2" --discovery-port "$3" --communication-port "$4" \
+    --peers "$5" --work-dir "$dir/work" --region-mb "$REGION_MB" \
+    </dev/null >"$dir/ignite.log" 2>&1 &
+  echo $! >"$dir/ignite.pid"
+}
+
+start() {
+  local dir=$1 nodes=${2:-1} attempt
+  [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "node count must be a positive integer" 2
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  if [[ -s $dir/url ]] && alive "$dir/node0/ignite.pid"; then
+    cat "$dir/url"
+    return 0
+  fi
+  build
+  for attempt in 1 2; do
+    local -a ports
+    mapfile -t ports < <(free_ports $((3 * nodes)))
+    local peers="" url="" i t0 deadline
+    for ((i = 0; i < nodes; i++)); do
+      peers+="${peers:+,}127.0.0.1:${ports[3 * i + 1]}"
+      url+="${url:+,}127.0.0.1:${ports[3 * i]}"
+    done
+    t0=$(date +%s.%N)
+    for ((i = 0; i < nodes; i++)); do
+      start_node "$dir/node$i" "${ports[3 * i]}" "${ports[3 * i + 1]}" "${ports[3 * i + 2]}" "$peers"
+    done
+    deadline=$((SECONDS + START_TIMEOUT))
+    local up=0
+    while ((SECONDS < deadline)); do
+      up=0
+      for ((i = 0; i < nodes; i++)); do
+        alive "$dir/node$i/ignite.pid" || break 2
+        port_open 127.0.0.1 "${ports[3 * i]}" && up=$((up + 1))
+      done
+      ((up == nodes)) && break
+      sleep 0.2
+    done
+    if ((up == nodes)); then
+      log "$nodes node(s) up in $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")s"
+      echo "ignite://$url" | tee "$dir/url"
+      return 0
+    fi
+    log "ignite did not come up (attempt $attempt); log tail of node0:"
+    tail -n 20 "$dir/node0/ignite.log" >&2 || true
+    stop "$dir"
+  done
+  die "could not start Ignite"
+}
+
+stop() {
+  local dir=$1 pidfile
+  for pidfile in "$dir"/node*/ignite.pid; do
+    [[ -e $pidfile ]] && stop_pid "$pidfile" 20
+  done
+  rm -f "$dir/url"
+}
+
+cmd=${1:-}
+case "$cmd" in
+  install) ensure_tools; build ;;
+  build) build ;;
+  start) [[ $# -ge 2 && $# -le 3 ]] || die "usage: $0 start DIR [NODES]" 2; start "$2" "${3:-1}" ;;
+  stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR" 2; stop "$2" ;;
+  url) [[ $# -eq 2 ]] || die "usage: $0 url DIR" 2; alive "$2/node0/ignite.pid" && cat "$2/url" ;;
+  *) die "usage: $0 install | build | start DIR [NODES] | stop DIR | url DIR" 2 ;;
+esac

@@ -1,0 +1,61 @@
+"""Stores, chosen by URL: checkpoints (chunks + manifests), cluster state, leases.
+
+    from stalwart.stores import open_store
+    with open_store("shm:///dev/shm/stalwart") as store:
+        h = chunk_hash(data)
+        store.put_chunk(h, data)
+        store.publish_manifest("job-1", "step-100", manifest_bytes)
+
+URLs (see docs/stores.md):
+
+* ``shm:///dev/shm/stalwart``       files in shared memory; flock leases (one host)
+* ``file:///var/lib/stalwart``      the same, fsync'd (durable tier)
+* ``redis://host:6379/0``           Redis (``rediss://`` for TLS)
+* ``ignite://host:10800[,host2:10800]``  Apache Ignite 2.x thin client
+
+Networked URLs take ``?connect_timeout=S&timeout=S`` (defaults 3 and 30 seconds).
+"""
+
+from __future__ import annotations
+
+from stalwart.stores.base import Store
+from stalwart.stores.common import (
+    Lease,
+    StoreURL,
+    chunk_hash,
+    crc32c,
+    parse_store_url,
+    verify_chunk,
+)
+
+__all__ = [
+    "Lease",
+    "Store",
+    "StoreURL",
+    "chunk_hash",
+    "crc32c",
+    "open_store",
+    "parse_store_url",
+    "verify_chunk",
+]
+
+
+def open_store(url: str) -> Store:
+    """Open the store a URL names.
+
+    Raises StalwartError: INVALID_ARGUMENT for a malformed URL, UNAVAILABLE
+    (naming the URL and the reason) when the backend cannot be reached.
+    Backends are imported on demand, so ``shm://`` needs neither redis nor pyignite.
+    """
+    parsed = parse_store_url(url)
+    if parsed.scheme in ("shm", "file"):
+        from stalwart.stores.fs_store import FileStore
+
+        return FileStore.from_url(parsed)
+    if parsed.scheme in ("redis", "rediss"):
+        from stalwart.stores.redis_store import RedisStore
+
+        return RedisStore.from_url(parsed)
+    from stalwart.stores.ignite_store import IgniteStore
+
+    return IgniteStore.from_url(parsed)

@@ -1,0 +1,297 @@
+"""``ignite://host:10800[,host2:10800]``: a store in Apache Ignite 2.x, through pyignite.
+
+Four caches, created on first use with the thin client's cache configuration
+(so any Ignite 2.x cluster works, nothing to configure server-side). All are
+PARTITIONED, ATOMIC, FULL_SYNC (a write returns once every copy has it) with
+one backup copy::
+
+    stalwart_chunks      sha256 -> chunk bytes
+    stalwart_manifests   "<job>/<checkpoint>" -> manifest bytes (put_if_absent: one atomic op)
+    stalwart_kv          key -> value bytes
+    stalwart_leases      name -> LeaseRecord JSON {holder, token, expires_at, ttl_s}
+
+Leases are records changed only with the cache's atomic compare operations
+(``put_if_absent``, ``replace_if_equals`` on the whole record), fed by the same
+decision functions as the file store. A record is never deleted: releasing
+keeps its token, so the next holder's token is always larger. Expiry is judged
+by the caller's wall clock against ``expires_at`` (Ignite's thin client has no
+server-side clock to ask); keep hosts NTP-synced and lease TTLs well above the
+skew, and let the fencing token catch what the clock misses.
+
+The pyignite client is not thread-safe; one lock serialises calls on a store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+from pyignite import Client
+from pyignite.datatypes.cache_config import (
+    CacheAtomicityMode,
+    CacheMode,
+    WriteSynchronizationMode,
+)
+from pyignite.datatypes.prop_codes import (
+    PROP_BACKUPS_NUMBER,
+    PROP_CACHE_ATOMICITY_MODE,
+    PROP_CACHE_MODE,
+    PROP_NAME,
+    PROP_WRITE_SYNCHRONIZATION_MODE,
+)
+from pyignite.exceptions import CacheError, HandshakeError, ReconnectError, SocketError
+
+from stalwart.errors import ErrorKind, StalwartError
+from stalwart.stores.base import Store
+from stalwart.stores.common import (
+    Lease,
+    LeaseRecord,
+    StoreURL,
+    check_bytes,
+    check_hash,
+    check_id,
+    check_key,
+    check_prefix,
+    check_ttl,
+    decide_acquire,
+    decide_release,
+    decide_renew,
+    not_found,
+    unavailable,
+    verify_chunk,
+)
+
+CACHES = ("chunks", "manifests", "kv", "leases")
+BACKUPS = 1
+_CAS_ATTEMPTS = 16
+_NETWORK_ERRORS = (SocketError, ReconnectError, HandshakeError, OSError, EOFError)
+
+
+def cache_config(name: str) -> dict:
+    """Thin-client settings for one Stalwart cache."""
+    return {
+        PROP_NAME: f"stalwart_{name}",
+        PROP_CACHE_MODE: CacheMode.PARTITIONED,
+        PROP_BACKUPS_NUMBER: BACKUPS,
+        PROP_CACHE_ATOMICITY_MODE: CacheAtomicityMode.ATOMIC,
+        PROP_WRITE_SYNCHRONIZATION_MODE: WriteSynchronizationMode.FULL_SYNC,
+    }
+
+
+class IgniteStore(Store):
+    """A store in an Ignite cluster reached through its thin-client port(s)."""
+
+    def __init__(self, parsed: StoreURL) -> None:
+        self.url = parsed.redacted
+        self._lock = threading.RLock()
+        self._probe(parsed)
+        kwargs: dict = {"timeout": parsed.timeout_s, "handshake_timeout": parsed.connect_timeout_s}
+        if parsed.username:
+            kwargs.update(username=parsed.username, password=parsed.password or "")
+        self._client = Client(partition_aware=len(parsed.hosts) > 1, **kwargs)
+        with self._errors():
+            self._client.connect(list(parsed.hosts))
+            self._caches = {n: self._client.get_or_create_cache(cache_config(n)) for n in CACHES}
+
+    @classmethod
+    def from_url(cls, parsed: StoreURL) -> IgniteStore:
+        return cls(parsed)
+
+    def _probe(self, parsed: StoreURL) -> None:
+        """Fail fast, with the socket's reason, when no listed node accepts TCP."""
+        last: OSError | None = None
+        for host, port in parsed.hosts:
+            try:
+                socket.create_connection((host, port), timeout=parsed.connect_timeout_s).close()
+                return
+            except OSError as e:
+                last = e
+        assert last is not None
+        raise unavailable(self.url, last) from last
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield
+            except StalwartError:
+                raise
+            except _NETWORK_ERRORS as e:
+                raise unavailable(self.url, e) from e
+            except CacheError as e:
+                raise StalwartError(
+                    ErrorKind.INTERNAL, f"store {self.url} failed: {e}", store=self.url
+                ) from e
+
+    def close(self) -> None:
+        with self._lock, contextlib.suppress(Exception):
+            self._client.close()
+
+    # ------------------------------------------------------------------ chunks
+
+    def put_chunk(self, hash: str, data: bytes) -> None:
+        check_hash(hash)
+        data = check_bytes("chunk", data)
+        verify_chunk(hash, data)
+        with self._errors():
+            self._caches["chunks"].put(hash, data)
+
+    def get_chunk(self, hash: str, *, verify: bool = True) -> bytes:
+        check_hash(hash)
+        with self._errors():
+            data = self._caches["chunks"].get(hash)
+        if data is None:
+            raise not_found(f"chunk {hash}", chunk=hash)
+        data = bytes(data)
+        if verify:
+            verify_chunk(hash, data)
+        return data
+
+    def has_chunk(self, hash: str) -> bool:
+        check_hash(hash)
+        with self._errors():
+            return bool(self._caches["chunks"].contains_key(hash))
+
+    def delete_chunk(self, hash: str) -> bool:
+        check_hash(hash)
+        with self._errors():
+            return self._caches["chunks"].get_and_remove(hash) is not None
+
+    def _keys(self, cache: str) -> list[str]:
+        with self._errors(), self._caches[cache].scan(page_size=1024) as cursor:
+            return [k for k, _ in cursor]
+
+    def _items(self, cache: str) -> list[tuple[str, object]]:
+        with self._errors(), self._caches[cache].scan(page_size=64) as cursor:
+            return list(cursor)
+
+    def list_chunks(self) -> list[str]:
+        # A scan ships values too; chunk listings are for maintenance, not the hot path.
+        return sorted(self._keys("chunks"))
+
+    # --------------------------------------------------------------- manifests
+
+    @staticmethod
+    def _manifest_key(job_id: str, checkpoint_id: str) -> str:
+        return f"{check_id('job id', job_id)}/{check_id('checkpoint id', checkpoint_id)}"
+
+    def publish_manifest(self, job_id: str, checkpoint_id: str, data: bytes) -> None:
+        key = self._manifest_key(job_id, checkpoint_id)
+        data = check_bytes("manifest", data)
+        with self._errors():
+            cache = self._caches["manifests"]
+            if cache.put_if_absent(key, data):
+                return
+            existing = cache.get(key)
+        if existing is None or bytes(existing) != data:
+            raise StalwartError(
+                ErrorKind.ALREADY_EXISTS,
+                f"manifest {job_id}/{checkpoint_id} is already published with different content",
+                job=job_id,
+                checkpoint=checkpoint_id,
+            )
+
+    def get_manifest(self, job_id: str, checkpoint_id: str) -> bytes:
+        key = self._manifest_key(job_id, checkpoint_id)
+        with self._errors():
+            data = self._caches["manifests"].get(key)
+        if data is None:
+            raise not_found(
+                f"manifest {job_id}/{checkpoint_id}", job=job_id, checkpoint=checkpoint_id
+            )
+        return bytes(data)
+
+    def list_manifests(self, job_id: str) -> list[str]:
+        prefix = check_id("job id", job_id) + "/"
+        return sorted(k[len(prefix) :] for k in self._keys("manifests") if k.startswith(prefix))
+
+    def delete_manifest(self, job_id: str, checkpoint_id: str) -> bool:
+        key = self._manifest_key(job_id, checkpoint_id)
+        with self._errors():
+            return self._caches["manifests"].get_and_remove(key) is not None
+
+    # ---------------------------------------------------------------------- kv
+
+    def kv_get(self, key: str) -> bytes | None:
+        check_key("key", key)
+        with self._errors():
+            value = self._caches["kv"].get(key)
+        return None if value is None else bytes(value)
+
+    def kv_put(self, key: str, value: bytes) -> None:
+        check_key("key", key)
+        value = check_bytes("value", value)
+        with self._errors():
+            self._caches["kv"].put(key, value)
+
+    def kv_cas(self, key: str, expected: bytes | None, new: bytes | None) -> bool:
+        check_key("key", key)
+        expected = None if expected is None else check_bytes("expected", expected)
+        new = None if new is None else check_bytes("value", new)
+        with self._errors():
+            cache = self._caches["kv"]
+            if expected is None and new is None:
+                return not cache.contains_key(key)
+            if expected is None:
+                return bool(cache.put_if_absent(key, new))
+            if new is None:
+                return bool(cache.remove_if_equals(key, expected))
+            return bool(cache.replace_if_equals(key, expected, new))
+
+    def kv_delete(self, key: str) -> bool:
+        check_key("key", key)
+        with self._errors():
+            return self._caches["kv"].get_and_remove(key) is not None
+
+    def kv_list(self, prefix: str = "") -> dict[str, bytes]:
+        check_prefix(prefix)
+        items = self._items("kv")
+        return dict(sorted((k, bytes(v)) for k, v in items if k.startswith(prefix)))
+
+    # ------------------------------------------------------------------ leases
+
+    def _swap_record(self, name: str, raw: str | None, record: LeaseRecord) -> bool:
+        cache = self._caches["leases"]
+        if raw is None:
+            return bool(cache.put_if_absent(name, record.encode()))
+        return bool(cache.replace_if_equals(name, raw, record.encode()))
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> Lease | None:
+        check_key("lease name", name)
+        check_key("lease holder", holder)
+        ttl_s = check_ttl(ttl_s)
+        with self._errors():
+            for _ in range(_CAS_ATTEMPTS):
+                raw = self._caches["leases"].get(name)
+                record = decide_acquire(LeaseRecord.decode(raw), holder, ttl_s, time.time())
+                if record is None:
+                    return None
+                if self._swap_record(name, raw, record):
+                    return record.as_lease(name)
+        return None  # lost every race: someone else is taking it
+
+    def renew_lease(self, lease: Lease) -> bool:
+        check_key("lease name", lease.name)
+        with self._errors():
+            raw = self._caches["leases"].get(lease.name)
+            record = decide_renew(LeaseRecord.decode(raw), lease, time.time())
+            return record is not None and self._swap_record(lease.name, raw, record)
+
+    def release_lease(self, lease: Lease) -> bool:
+        check_key("lease name", lease.name)
+        with self._errors():
+            raw = self._caches["leases"].get(lease.name)
+            record = decide_release(LeaseRecord.decode(raw), lease)
+            return record is not None and self._swap_record(lease.name, raw, record)
+
+    def get_lease(self, name: str) -> Lease | None:
+        check_key("lease name", name)
+        with self._errors():
+            raw = self._caches["leases"].get(name)
+        record = LeaseRecord.decode(raw)
+        if record is None or not record.held(time.time()):
+            return None
+        return record.as_lease(name)
