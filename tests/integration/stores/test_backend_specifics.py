@@ -1,0 +1,105 @@
+"""What only some backends do: flock leases that die with their process (shm/file),
+Ignite's cache layout, and clear errors when a server cannot be reached."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from stalwart.errors import ErrorKind, StalwartError
+from stalwart.stores import open_store
+from tests.backends import BackendUnavailable, skip_or_fail, start_redis, stop_redis
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from stalwart.stores import open_store
+    store = open_store(sys.argv[1])
+    lease = store.acquire_lease(sys.argv[2], "doomed-holder", 600)
+    print(lease.token if lease else "none", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["shm", "file"])
+def test_lease_of_a_killed_holder_process_is_free_at_once(
+    request: pytest.FixtureRequest, backend: str, uniq: str
+) -> None:
+    """SIGKILL drops the holder's flock: the lease is free long before its 600 s TTL."""
+    url = request.getfixturevalue(f"{backend}_url")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, url, uniq], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        first = holder.stdout.readline().strip()
+        assert first.isdigit(), first
+        with open_store(url) as store:
+            assert store.acquire_lease(uniq, "successor", 5) is None  # holder alive: held
+            held = store.get_lease(uniq)
+            assert held is not None and held.holder == "doomed-holder"
+
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(timeout=30)
+            assert store.get_lease(uniq) is None
+            lease = store.acquire_lease(uniq, "successor", 5)
+            assert lease is not None and lease.token > int(first)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:1/0", "ignite://127.0.0.1:1", "ignite://127.0.0.1:1,127.0.0.1:2"],
+)
+def test_unreachable_store_is_unavailable_quickly(url: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(StalwartError) as err:
+        open_store(url)
+    assert time.monotonic() - started < 10
+    assert err.value.kind is ErrorKind.UNAVAILABLE
+    assert url in err.value.message
+    assert "connection refused" in err.value.message
+
+
+def test_unreachable_message_is_one_clear_line() -> None:
+    with pytest.raises(StalwartError) as err:
+        open_store("ignite://127.0.0.1:1?connect_timeout=1")
+    assert str(err.value) == (
+        "UNAVAILABLE: cannot reach store ignite://127.0.0.1:1: connection refused"
+    )
+
+
+def test_redis_server_gone_midway_is_unavailable(tmp_path: Path) -> None:
+    try:
+        url = start_redis(tmp_path)
+    except BackendUnavailable as e:
+        skip_or_fail(f"no redis server: {e}")
+    try:
+        store = open_store(url)
+        store.kv_put("k", b"v")
+    finally:
+        stop_redis(tmp_path)
+    with pytest.raises(StalwartError) as err:
+        store.kv_get("k")
+    assert err.value.kind is ErrorKind.UNAVAILABLE
+    assert url in err.value.message
+
+
+def test_ignite_caches_are_partitioned_with_one_backup(ignite_url: str) -> None:
+    from pyignite.datatypes.cache_config import CacheMode
+    from pyignite.datatypes.prop_codes import PROP_BACKUPS_NUMBER, PROP_CACHE_MODE
+
+    with open_store(ignite_url) as store:
+        for name in ("chunks", "manifests", "kv", "leases"):
+            settings = store._caches[name].settings
+            assert settings[PROP_CACHE_MODE] == CacheMode.PARTITIONED, name
+            assert settings[PROP_BACKUPS_NUMBER] == 1, name
