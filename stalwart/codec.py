@@ -57,7 +57,14 @@ DEFAULT_LIMITS = Limits()
 
 
 def crc32c(data: bytes | memoryview) -> int:
-    return google_crc32c.value(data)
+    if isinstance(data, bytes):
+        return google_crc32c.value(data)
+    # the C extension takes only read-only buffers without a release hook (bytes),
+    # so a memoryview is checksummed a bounded slice at a time
+    crc = 0
+    for offset in range(0, len(data), DEFAULT_CHUNK_BYTES):
+        crc = google_crc32c.extend(crc, bytes(data[offset : offset + DEFAULT_CHUNK_BYTES]))
+    return crc
 
 
 def to_wire_dtype(dtype: torch.dtype) -> int:
@@ -164,6 +171,12 @@ class ChunkAssembler:
                 f"chunk at offset {chunk.offset} of tensor #{chunk.tensor_index} failed its CRC32C",
             )
         self._skip_finished()
+        if self._index == len(self._views):
+            raise StalwartError(
+                ErrorKind.BAD_STREAM,
+                f"chunk for tensor #{chunk.tensor_index} after the last of "
+                f"{len(self._views)} tensors",
+            )
         if chunk.tensor_index != self._index or chunk.offset != self._offset:
             raise StalwartError(
                 ErrorKind.BAD_STREAM,

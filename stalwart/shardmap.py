@@ -77,10 +77,15 @@ def shapes_of(tensors: Mapping[str, torch.Tensor]) -> list[TensorShape]:
 
 
 def split(
-    tensors: Mapping[str, torch.Tensor], pieces: Sequence[Piece]
+    tensors: Mapping[str, torch.Tensor], pieces: Sequence[Piece], num_shards: int | None = None
 ) -> list[dict[str, torch.Tensor]]:
-    """Per shard group, the pieces it holds (row ranges are views, not copies)."""
-    num_shards = max(p.shard for p in pieces) + 1 if pieces else 1
+    """Per shard group, the pieces it holds (row ranges are views, not copies).
+
+    Pass ``num_shards``: a group the map gave nothing (more groups than
+    tensors) still gets its own, empty, dict.
+    """
+    highest = max(p.shard for p in pieces) + 1 if pieces else 1
+    num_shards = max(num_shards or 0, highest)
     out: list[dict[str, torch.Tensor]] = [{} for _ in range(num_shards)]
     for p in pieces:
         if p.tensor_name not in tensors:

@@ -30,7 +30,7 @@ def validate(spec: common.OptimizerSpec) -> None:
         raise _bad("kind must be SGD, ADAM or ADAMW")
     if not spec.lr > 0 or spec.lr != spec.lr:
         raise _bad(f"lr must be > 0, got {spec.lr}")
-    if spec.weight_decay < 0:
+    if not spec.weight_decay >= 0:  # NaN too
         raise _bad(f"weight_decay must be >= 0, got {spec.weight_decay}")
     if kind == common.OPTIMIZER_KIND_SGD:
         if not 0 <= spec.momentum < 1:
@@ -46,7 +46,7 @@ def validate(spec: common.OptimizerSpec) -> None:
             value = getattr(spec, name)
             if not 0 <= value < 1:
                 raise _bad(f"{name} must be in [0, 1), got {value}")
-        if spec.eps < 0:
+        if not spec.eps >= 0:  # NaN too
             raise _bad(f"eps must be >= 0, got {spec.eps}")
         if spec.momentum or spec.dampening or spec.nesterov:
             raise _bad("momentum, dampening and nesterov do not apply to Adam")
