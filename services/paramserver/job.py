@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import google_crc32c
+import numpy as np
 import torch
 
 from services.paramserver import optim
@@ -151,8 +152,8 @@ class JobModel:
             for name, grad in self.pending[(e.step, e.slot)][1].items():
                 if name in summed:
                     summed[name] += grad
-                else:
-                    summed[name] = grad.clone()
+                else:  # the buffered gradient is ours alone: sum into it, no copy
+                    summed[name] = grad
         for name, param in self.params.items():
             param.grad = summed.get(name)  # None: the optimizer leaves it alone
         self.optimizer.step()
@@ -236,5 +237,17 @@ def combined_fingerprint(prints: Iterable[paramserver.TensorFingerprint]) -> int
 
 def check_finite(grads: Mapping[str, torch.Tensor]) -> None:
     for name, grad in grads.items():
-        if grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
+        if grad.is_floating_point() and not _all_finite(grad):
             raise StalwartError(ErrorKind.NON_FINITE, f"gradient {name} holds NaN or Inf")
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    # One summing pass: NaN and Inf propagate through a sum, so a finite sum
+    # proves every element finite. A non-finite sum may be mere overflow of
+    # huge finite values, so only then pay for the exact element-wise check.
+    if t.dtype in (torch.float32, torch.float64, torch.float16):
+        wide = np.float32 if t.dtype == torch.float16 else None  # fp16 sums overflow early
+        total = np.add.reduce(t.reshape(-1).numpy(), dtype=wide)
+    else:
+        total = float(t.sum(dtype=torch.float64))
+    return bool(np.isfinite(total)) or bool(torch.isfinite(t).all())

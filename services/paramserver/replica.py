@@ -5,8 +5,8 @@ changes role when it learns of a higher epoch. No grpc, no torch.
 
 Rules:
 - A client request with an epoch lower than ours is stale (the caller must
-  refresh); one with a higher epoch means someone else was promoted: we are
-  deposed and fence ourselves.
+  refresh); one with a higher epoch means someone else was promoted: we adopt
+  the epoch, and a primary is deposed and fences itself.
 - Replication traffic (from a primary) with a higher epoch is adopted: the
   sender is the current primary and we follow it as a backup. Lower: refused.
 - Promotion needs a strictly higher epoch.
@@ -48,8 +48,11 @@ class ReplicaState:
 
     def check_client(self, epoch: int) -> Check:
         if epoch > self.epoch:
-            self.role = Role.FENCED
-            return Check.FENCED
+            # Someone was promoted past us. Remember the epoch, so replication
+            # from the deposed primary is refused too; a primary stops serving.
+            self.epoch = epoch
+            if self.role is Role.PRIMARY:
+                self.role = Role.FENCED
         if self.role is Role.FENCED:
             return Check.FENCED
         if self.role is not Role.PRIMARY:

@@ -125,7 +125,12 @@ class Replicator:
             s.call.cancel()
 
     async def commit(self, job_id: str, base_version: int, entries: Sequence[Entry]) -> list[str]:
-        """Apply the entries on every synced backup; returns the ones that applied."""
+        """Apply the entries on every synced backup; returns the ones that applied.
+
+        Raises NO_INSYNC_BACKUP when fewer than the required backups applied.
+        The primary applies the same update concurrently, so backups that
+        failed drop out of sync and are re-installed with the update included.
+        """
         targets = self.synced(job_id)
         request = paramserver.ReplicateCommitRequest(
             epoch=self.replica.epoch,
@@ -142,15 +147,17 @@ class Replicator:
                 applied.append(address)
             else:
                 self.drop(address, job_id, err.message)
-        if len(applied) < self.required():
-            for address in applied:  # they are now ahead of us: re-install them later
-                self.drop(address, job_id, "applied an update the primary refused")
+        self.require_insync(job_id)
+        return applied
+
+    def require_insync(self, job_id: str) -> None:
+        """Refuse to acknowledge while fewer than the required backups hold the job."""
+        have, need = len(self.synced(job_id)), self.required()
+        if have < need:
             raise StalwartError(
                 ErrorKind.NO_INSYNC_BACKUP,
-                f"only {len(applied)} of the {self.required()} required backups took the update; "
-                "nothing applied, retry",
+                f"{have} of the {need} required backups hold job {job_id}; not acknowledged, retry",
             )
-        return applied
 
     async def _commit_one(self, address: str, request) -> RpcError | None:
         try:

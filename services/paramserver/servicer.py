@@ -4,11 +4,9 @@ ReplicaState and Replicator. Torch work runs off the event loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import structlog
-
 
 from services.paramserver.consistency import Verdict
 from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
@@ -50,6 +48,8 @@ class JobRuntime:
         fut = self.step_done.get(step)
         if fut is None or fut.done():
             fut = self.step_done[step] = asyncio.get_running_loop().create_future()
+            # the committing push may be the only one that ever looks at it
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         return fut
 
 
@@ -98,7 +98,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.chunk_bytes = chunk_bytes
         self.sync_wait_s = sync_wait_s
         self.jobs: dict[str, JobRuntime] = {}
-        self._on_role_change = on_role_change or (lambda role: None)
+        self.on_role_change = on_role_change or (lambda role: None)
 
     # --- shared checks -----------------------------------------------------------
 
@@ -106,7 +106,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if check is Check.OK:
             return
         if check is Check.FENCED:
-            self._on_role_change(self.replica.role)
+            self.on_role_change(self.replica.role)
         kind, text = _CHECK_ERRORS[check]
         raise StalwartError(
             kind, text.format(got=got, have=self.replica.epoch), epoch=self.replica.epoch
@@ -119,7 +119,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         before = self.replica.role
         self._raise_check(self.replica.check_from_primary(epoch), epoch)
         if self.replica.role is not before:
-            self._on_role_change(self.replica.role)
+            self.on_role_change(self.replica.role)
 
     def _job(self, job_id: str) -> JobRuntime:
         job = self.jobs.get(job_id)
@@ -130,7 +130,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         return job
 
     def _fenced(self, exc: Fenced) -> StalwartError:
-        self._on_role_change(self.replica.role)
+        self.on_role_change(self.replica.role)
         return StalwartError(ErrorKind.FENCED, f"a backup refused this primary's epoch: {exc}")
 
     # --- registration -----------------------------------------------------------
@@ -172,7 +172,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         """Make sure enough backups hold the job (caller holds the job's lock)."""
         job_id = job.model.job_id
         for address in self.replica.backups:
-            if job_id not in self.replicator.synced(job_id):
+            if address not in self.replicator.synced(job_id):
                 await self._install(job, address)
         if len(self.replicator.synced(job_id)) < self.replicator.required():
             raise StalwartError(
@@ -236,6 +236,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     ) from None
             self._raise_verdict(verdict, job, header)
             if verdict is Verdict.DUPLICATE:
+                # applied before; acknowledge only once enough backups hold it too
+                self.replicator.require_insync(job.model.job_id)
                 return paramserver.PushResponse(version=job.model.version, duplicate=True)
             job.model.stage(header.step, header.slot, crc, grads)
             entries = job.model.ready_entries(header.step, header.slot)
@@ -279,23 +281,29 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             raise StalwartError(kind, text, job=header.job_id)
 
     async def _commit(self, job: JobRuntime, entries: list[Entry]) -> int:
-        """Apply on backups, then here; wake waiters (caller holds the job's lock)."""
+        """Apply on backups and here at once; wake waiters (caller holds the job's lock).
+
+        If backups fail, the update stays applied here but is not acknowledged:
+        the client's retry finds it a duplicate and is answered once the
+        re-installed backups hold it.
+        """
         step = entries[0].step
         waiter = job.future_for(step)
-        try:
-            await self.replicator.commit(job.model.job_id, job.model.version, entries)
-            version = await _off_loop(job.model.apply, entries)
-        except Fenced as exc:
-            err = self._fenced(exc)
+        replicated, local = await asyncio.gather(
+            self.replicator.commit(job.model.job_id, job.model.version, entries),
+            _off_loop(job.model.apply, entries),
+            return_exceptions=True,
+        )
+        if not isinstance(local, BaseException):
+            job.committed.notify_all()
+        failure = local if isinstance(local, BaseException) else replicated
+        if isinstance(failure, BaseException):
+            err = self._fenced(failure) if isinstance(failure, Fenced) else failure
             waiter.set_exception(err)
-            raise err from None
-        except StalwartError as err:
-            waiter.set_exception(err)
-            raise
-        waiter.set_result(version)
+            raise err
+        waiter.set_result(local)
         job.step_done.pop(step, None)
-        job.committed.notify_all()
-        return version
+        return local
 
     # --- pull ------------------------------------------------------------------
 
@@ -388,7 +396,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             job.model.pending.clear()  # clients re-push whatever was not acknowledged
             job.pull_cache = None
         log.warning("promoted to primary", epoch=request.epoch, backups=list(request.backups))
-        self._on_role_change(self.replica.role)
+        self.on_role_change(self.replica.role)
         return paramserver.PromoteResponse(
             epoch=self.replica.epoch, jobs=[self._job_status(j) for j in self.jobs.values()]
         )
@@ -402,7 +410,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self._raise_check(
             self.replica.configure(role, request.epoch, list(request.backups)), request.epoch
         )
-        self._on_role_change(self.replica.role)
+        self.on_role_change(self.replica.role)
         return paramserver.ConfigureReplicaResponse(
             role=_ROLES[self.replica.role], epoch=self.replica.epoch
         )
@@ -455,6 +463,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
         tensors = assembler.finish()
         model = await _off_loop(JobModel.from_install, header, tensors)
+        previous = self.jobs.get(model.job_id)
+        if previous is not None:  # pushes forwarded meanwhile are still good: CRCs check them
+            model.pending.update(previous.model.pending)
         self.jobs[model.job_id] = JobRuntime(model)
         log.info("state installed", job=model.job_id, version=model.version)
         return paramserver.InstallStateResponse(version=model.version)
@@ -468,10 +479,12 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             if self.replica.role is not Role.PRIMARY:
                 continue
             for job in list(self.jobs.values()):
-                for address, link in list(self.replica.backups.items()):
-                    if job.model.job_id in link.synced_jobs:
+                for address in list(self.replica.backups):
+                    if address in self.replicator.synced(job.model.job_id):
                         continue
                     async with job.lock:
+                        if address in self.replicator.synced(job.model.job_id):
+                            continue  # a commit or registration synced it meanwhile
                         try:
                             await self._install(job, address)
                         except StalwartError:

@@ -144,10 +144,6 @@ class ShardGroupClient:
         names = list(grads)
         tensors = [grads[n] for n in names]
         specs = [codec.spec_of(n, grads[n]) for n in names]
-        # Encode once; a retry resends the same bytes, so the server sees one key, one CRC.
-        chunks = [
-            paramserver.PushRequest(chunk=c) for c in codec.encode_chunks(tensors, self.chunk_bytes)
-        ]
 
         async def attempt(address):
             head = paramserver.PushHeader(
@@ -158,8 +154,15 @@ class ShardGroupClient:
                 epoch=self.epoch,
                 tensors=specs,
             )
-            messages = [paramserver.PushRequest(header=head), *chunks]
-            resp = await self.stub(address).Push(iter(messages), timeout=self.call_timeout_s)
+
+            def messages():
+                # Encoded lazily so encoding overlaps sending; a retry encodes
+                # again and yields the very same bytes and CRCs.
+                yield paramserver.PushRequest(header=head)
+                for chunk in codec.encode_chunks(tensors, self.chunk_bytes):
+                    yield paramserver.PushRequest(chunk=chunk)
+
+            resp = await self.stub(address).Push(messages(), timeout=self.call_timeout_s)
             return PushResult(resp.version, resp.duplicate)
 
         return await self._with_failover(attempt)
@@ -225,7 +228,7 @@ class ParamServerClient:
         consistency: common.ConsistencySpec,
         num_slots: int,
     ) -> None:
-        per_shard = shardmap.split(params, self.plan(params))
+        per_shard = shardmap.split(params, self.plan(params), self.num_shards)
 
         async def one(group: ShardGroupClient, pieces: dict[str, torch.Tensor]):
             header = paramserver.ModelHeader(
@@ -248,7 +251,7 @@ class ParamServerClient:
         base_version: int,
         grads: Mapping[str, torch.Tensor],
     ) -> list[PushResult]:
-        per_shard = shardmap.split(grads, self.pieces)
+        per_shard = shardmap.split(grads, self.pieces, self.num_shards)
         return list(
             await asyncio.gather(
                 *(

@@ -1,0 +1,42 @@
+"""Settings of a paramserver replica (flags, ``STALWART_*`` env, defaults)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from stalwart.settings import ServiceSettings
+
+
+class ParamServerSettings(ServiceSettings):
+    role: Literal["primary", "backup"] = "primary"
+    """Role at start-up. A restarted replica should start as backup and be caught up."""
+
+    epoch: int = Field(default=1, ge=0)
+    """Epoch at start-up; a promotion raises it. Requests from lower epochs are refused."""
+
+    backups: str = ""
+    """Comma-separated host:port of the backups a primary replicates to."""
+
+    shard: int = Field(default=0, ge=0)
+    """Index of the shard group this replica serves."""
+
+    min_insync: int = Field(default=1, ge=0)
+    """Backups that must apply an update before the push is acknowledged (capped by
+    the number configured). 0 trades durability for availability."""
+
+    sync_wait_seconds: float = Field(default=60.0, gt=0)
+    """Longest a sync push waits for the other slots when the call has no deadline."""
+
+    torch_threads: int = Field(default=1, ge=1)
+    """Threads torch may use for the optimizer; elementwise work is memory-bound."""
+
+    max_stream_bytes: int = Field(default=4 << 30, ge=1)
+    """Largest tensor payload one stream may carry."""
+
+    max_tensor_elements: int = Field(default=1 << 31, ge=1)
+    """Largest element count of one tensor."""
+
+    def backup_list(self) -> list[str]:
+        return [b.strip() for b in self.backups.split(",") if b.strip()]

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints a ratio against a baseline measured in the same run."""

@@ -1,0 +1,1 @@
+"""The ``stalwart`` command line."""

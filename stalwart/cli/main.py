@@ -1,0 +1,55 @@
+"""``stalwart``: the admin CLI. Tables by default, ``--output json`` for scripts."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from stalwart import __version__
+from stalwart.cli import bench, ps
+
+app = typer.Typer(
+    help="Stalwart: self-healing distributed PyTorch training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(ps.app, name="ps")
+app.add_typer(bench.app, name="bench")
+
+# Services run as their own processes: the CLI starts them with exec, it never
+# imports their code (the library stays independent of services/).
+_SERVICES = {"paramserver": "services.paramserver"}
+
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _exec_module(module: str, args: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+
+
+@app.command(context_settings=_PASS_THROUGH, add_help_option=False)
+def paramserver(ctx: typer.Context) -> None:
+    """Run a paramserver replica (flags as `python -m services.paramserver --help`)."""
+    _exec_module(_SERVICES["paramserver"], ctx.args)
+
+
+health_app = typer.Typer(help="Health service tools.", no_args_is_help=True)
+app.add_typer(health_app, name="health")
+
+
+@health_app.command("eval", context_settings=_PASS_THROUGH, add_help_option=False)
+def health_eval(ctx: typer.Context) -> None:
+    """Evaluate detectors and failure predictors (flags as `python -m services.health.eval --help`)."""
+    _exec_module("services.health.eval", ctx.args)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    print(__version__)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,94 @@
+"""How the CLI speaks: one renderer per format, named exit codes, errors on stderr.
+
+Data goes to stdout (a rich table, or one JSON document with ``--output json``);
+problems go to stderr as a single ``Error: ...`` line with a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import wraps
+from typing import Any
+
+import grpc
+import typer
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+from stalwart.errors import RpcError, StalwartError
+
+
+class Output(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILED = 1  # the command ran and the answer is "no" (e.g. a check failed)
+    INVALID_INPUT = 2
+    UNREACHABLE = 3  # could not connect, or timed out
+    REFUSED = 4  # the cluster answered with an error
+
+
+OUTPUT_OPTION = typer.Option(
+    Output.table, "--output", "-o", help="table for people, json for scripts"
+)
+
+_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_INVALID = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
+
+
+def fail(message: str, code: ExitCode) -> None:
+    print(f"Error: {message}", file=sys.stderr)
+    raise typer.Exit(int(code))
+
+
+def cli_errors(fn: Callable) -> Callable:
+    """Turn errors from the client SDK into one readable line and an exit code."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RpcError as err:
+            if err.code in _UNREACHABLE:
+                fail(f"cannot reach the cluster: {err.message}", ExitCode.UNREACHABLE)
+            code = ExitCode.INVALID_INPUT if err.code in _INVALID else ExitCode.REFUSED
+            fail(f"{err.reason}: {err.message}", code)
+        except grpc.RpcError as exc:
+            err = RpcError.from_grpc(exc)
+            code = ExitCode.UNREACHABLE if err.code in _UNREACHABLE else ExitCode.REFUSED
+            fail(f"{err.code.name}: {err.message}", code)
+        except StalwartError as err:
+            fail(str(err), ExitCode.INVALID_INPUT)
+
+    return wrapper
+
+
+def to_data(value: Any) -> Any:
+    if isinstance(value, Message):
+        return json_format.MessageToDict(value, preserving_proto_field_name=True)
+    return value
+
+
+def emit_json(value: Any) -> None:
+    print(json.dumps(to_data(value), indent=2, sort_keys=False, default=str))
+
+
+def emit_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    Console().print(table)
+
+
+def emit_mapping(title: str, data: Mapping[str, Any]) -> None:
+    emit_table(title, ["field", "value"], [(k, v) for k, v in data.items()])

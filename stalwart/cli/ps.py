@@ -1,0 +1,96 @@
+"""``stalwart ps``: look at and steer paramserver replicas."""
+
+from __future__ import annotations
+
+import asyncio
+
+import typer
+
+from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.channel import open_channel
+from stalwart.cli.output import OUTPUT_OPTION, Output, cli_errors, emit_json, emit_table
+from stalwart.errors import RpcError
+
+app = typer.Typer(
+    help="Parameter-server replicas: status, fingerprints, promotion.", no_args_is_help=True
+)
+
+ADDRESS = typer.Option(..., "--address", "-a", help="host:port of the replica")
+TIMEOUT_S = 10.0
+
+
+def _call(address: str, method: str, request):
+    async def go():
+        channel = open_channel(address)
+        try:
+            rpc = getattr(paramserver_grpc.ParamServerServiceStub(channel), method)
+            return await rpc(request, timeout=TIMEOUT_S)
+        except Exception as exc:
+            if hasattr(exc, "code"):
+                raise RpcError.from_grpc(exc) from None
+            raise
+        finally:
+            await channel.close()
+
+    return asyncio.run(go())
+
+
+def _role(value: int) -> str:
+    return common.ReplicaRole.Name(value).removeprefix("REPLICA_ROLE_").lower()
+
+
+@app.command()
+@cli_errors
+def status(address: str = ADDRESS, output: Output = OUTPUT_OPTION) -> None:
+    """Role, epoch, jobs and backups of one replica."""
+    resp = _call(address, "GetReplicaStatus", paramserver.GetReplicaStatusRequest())
+    if output is Output.json:
+        return emit_json(resp)
+    emit_table(
+        f"replica {resp.node_id} — {_role(resp.role)}, epoch {resp.epoch}, shard {resp.shard}",
+        ["job", "version", "slots", "state MiB"],
+        [(j.job_id, j.version, j.num_slots, f"{j.state_bytes / 2**20:.1f}") for j in resp.jobs],
+    )
+    if resp.backups:
+        emit_table(
+            "backups",
+            ["address", "in sync", "last error"],
+            [(b.address, "yes" if b.in_sync else "no", b.last_error) for b in resp.backups],
+        )
+
+
+@app.command()
+@cli_errors
+def promote(
+    address: str = ADDRESS,
+    epoch: int = typer.Option(..., help="new epoch, higher than every replica's"),
+    backups: list[str] = typer.Option([], "--backup", "-b", help="backup host:port (repeat)"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Make a backup the primary under a higher epoch; the old primary is fenced."""
+    resp = _call(address, "Promote", paramserver.PromoteRequest(epoch=epoch, backups=backups))
+    if output is Output.json:
+        return emit_json(resp)
+    emit_table(
+        f"promoted {address} to primary at epoch {resp.epoch}",
+        ["job", "version"],
+        [(j.job_id, j.version) for j in resp.jobs],
+    )
+
+
+@app.command()
+@cli_errors
+def fingerprint(
+    address: str = ADDRESS,
+    job: str = typer.Option(..., "--job", "-j", help="job id"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """CRC32C fingerprints of a job's parameters and optimizer state on one replica."""
+    resp = _call(address, "GetFingerprint", paramserver.GetFingerprintRequest(job_id=job))
+    if output is Output.json:
+        return emit_json(resp)
+    emit_table(
+        f"job {job} at version {resp.version}, epoch {resp.epoch}: combined {resp.combined:08x}",
+        ["tensor", "kind", "crc32c"],
+        [(t.name, t.kind, f"{t.crc32c:08x}") for t in resp.tensors],
+    )
