@@ -89,7 +89,11 @@ def _server(kind: str, start, stop, tmp_path_factory) -> Iterator[str]:  # noqa:
     try:
         url = start(directory)
     except BackendUnavailable as e:
-        skip_or_fail(f"no {kind} server: {e}")
+        reason = f"no {kind} server: {e}"
+    else:
+        reason = ""
+    if reason:
+        skip_or_fail(reason)  # outside the except: a one-line reason, no chained traceback
         return
     try:
         yield url

@@ -24,10 +24,12 @@ The pyignite client is not thread-safe; one lock serialises calls on a store.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from pyignite import Client
 from pyignite.datatypes.cache_config import (
@@ -64,10 +66,19 @@ from stalwart.stores.common import (
     verify_chunk,
 )
 
+# pyignite logs a full traceback at ERROR on every failed (re)connect to a node that
+# is down, which a partly degraded cluster turns into a flood. This layer reports a
+# node-down condition once, as UNAVAILABLE, when an operation actually fails; an
+# application that wants pyignite's own logs sets a level on this logger itself.
+_PYIGNITE_LOG = logging.getLogger("pyignite.connection")
+if _PYIGNITE_LOG.level == logging.NOTSET:
+    _PYIGNITE_LOG.setLevel(logging.CRITICAL)
+
 CACHES = ("chunks", "manifests", "kv", "leases")
 BACKUPS = 1
 _CAS_ATTEMPTS = 16
 _NETWORK_ERRORS = (SocketError, ReconnectError, HandshakeError, OSError, EOFError)
+T = TypeVar("T")
 
 
 def cache_config(name: str) -> dict:
@@ -91,7 +102,8 @@ class IgniteStore(Store):
         kwargs: dict = {"timeout": parsed.timeout_s, "handshake_timeout": parsed.connect_timeout_s}
         if parsed.username:
             kwargs.update(username=parsed.username, password=parsed.password or "")
-        self._client = Client(partition_aware=len(parsed.hosts) > 1, **kwargs)
+        self._multi_node = len(parsed.hosts) > 1
+        self._client = Client(partition_aware=self._multi_node, **kwargs)
         with self._errors():
             self._client.connect(list(parsed.hosts))
             self._caches = {n: self._client.get_or_create_cache(cache_config(n)) for n in CACHES}
@@ -126,6 +138,20 @@ class IgniteStore(Store):
                     ErrorKind.INTERNAL, f"store {self.url} failed: {e}", store=self.url
                 ) from e
 
+    def _idempotent(self, fn: Callable[[], T]) -> T:
+        """Run a read or an idempotent write; when it fails on a dead connection and
+        the URL lists more than one node, run it once more (pyignite has dropped the
+        dead node by then, so the retry goes to a live one)."""
+        attempts = 2 if self._multi_node else 1
+        for attempt in range(attempts):
+            try:
+                with self._errors():
+                    return fn()
+            except StalwartError as e:
+                if e.kind is not ErrorKind.UNAVAILABLE or attempt == attempts - 1:
+                    raise
+        raise AssertionError("not reached")
+
     def close(self) -> None:
         with self._lock, contextlib.suppress(Exception):
             self._client.close()
@@ -136,13 +162,11 @@ class IgniteStore(Store):
         check_hash(hash)
         data = check_bytes("chunk", data)
         verify_chunk(hash, data)
-        with self._errors():
-            self._caches["chunks"].put(hash, data)
+        self._idempotent(lambda: self._caches["chunks"].put(hash, data))
 
     def get_chunk(self, hash: str, *, verify: bool = True) -> bytes:
         check_hash(hash)
-        with self._errors():
-            data = self._caches["chunks"].get(hash)
+        data = self._idempotent(lambda: self._caches["chunks"].get(hash))
         if data is None:
             raise not_found(f"chunk {hash}", chunk=hash)
         data = bytes(data)
@@ -152,21 +176,22 @@ class IgniteStore(Store):
 
     def has_chunk(self, hash: str) -> bool:
         check_hash(hash)
-        with self._errors():
-            return bool(self._caches["chunks"].contains_key(hash))
+        return bool(self._idempotent(lambda: self._caches["chunks"].contains_key(hash)))
 
     def delete_chunk(self, hash: str) -> bool:
         check_hash(hash)
         with self._errors():
             return self._caches["chunks"].get_and_remove(hash) is not None
 
-    def _keys(self, cache: str) -> list[str]:
-        with self._errors(), self._caches[cache].scan(page_size=1024) as cursor:
-            return [k for k, _ in cursor]
+    def _items(self, cache: str, page_size: int = 64) -> list[tuple[str, object]]:
+        def scan() -> list[tuple[str, object]]:
+            with self._caches[cache].scan(page_size=page_size) as cursor:
+                return list(cursor)
 
-    def _items(self, cache: str) -> list[tuple[str, object]]:
-        with self._errors(), self._caches[cache].scan(page_size=64) as cursor:
-            return list(cursor)
+        return self._idempotent(scan)
+
+    def _keys(self, cache: str) -> list[str]:
+        return [k for k, _ in self._items(cache, page_size=1024)]
 
     def list_chunks(self) -> list[str]:
         # A scan ships values too; chunk listings are for maintenance, not the hot path.
@@ -181,12 +206,16 @@ class IgniteStore(Store):
     def publish_manifest(self, job_id: str, checkpoint_id: str, data: bytes) -> None:
         key = self._manifest_key(job_id, checkpoint_id)
         data = check_bytes("manifest", data)
-        with self._errors():
-            cache = self._caches["manifests"]
+        cache = self._caches["manifests"]
+
+        def publish() -> bool:
+            # Safe to repeat: a retried put_if_absent that had landed finds equal bytes.
             if cache.put_if_absent(key, data):
-                return
+                return True
             existing = cache.get(key)
-        if existing is None or bytes(existing) != data:
+            return existing is not None and bytes(existing) == data
+
+        if not self._idempotent(publish):
             raise StalwartError(
                 ErrorKind.ALREADY_EXISTS,
                 f"manifest {job_id}/{checkpoint_id} is already published with different content",
@@ -196,8 +225,7 @@ class IgniteStore(Store):
 
     def get_manifest(self, job_id: str, checkpoint_id: str) -> bytes:
         key = self._manifest_key(job_id, checkpoint_id)
-        with self._errors():
-            data = self._caches["manifests"].get(key)
+        data = self._idempotent(lambda: self._caches["manifests"].get(key))
         if data is None:
             raise not_found(
                 f"manifest {job_id}/{checkpoint_id}", job=job_id, checkpoint=checkpoint_id
@@ -217,15 +245,13 @@ class IgniteStore(Store):
 
     def kv_get(self, key: str) -> bytes | None:
         check_key("key", key)
-        with self._errors():
-            value = self._caches["kv"].get(key)
+        value = self._idempotent(lambda: self._caches["kv"].get(key))
         return None if value is None else bytes(value)
 
     def kv_put(self, key: str, value: bytes) -> None:
         check_key("key", key)
         value = check_bytes("value", value)
-        with self._errors():
-            self._caches["kv"].put(key, value)
+        self._idempotent(lambda: self._caches["kv"].put(key, value))
 
     def kv_cas(self, key: str, expected: bytes | None, new: bytes | None) -> bool:
         check_key("key", key)
@@ -289,9 +315,7 @@ class IgniteStore(Store):
 
     def get_lease(self, name: str) -> Lease | None:
         check_key("lease name", name)
-        with self._errors():
-            raw = self._caches["leases"].get(name)
-        record = LeaseRecord.decode(raw)
+        record = LeaseRecord.decode(self._idempotent(lambda: self._caches["leases"].get(name)))
         if record is None or not record.held(time.time()):
             return None
         return record.as_lease(name)

@@ -3,6 +3,7 @@ Ignite's cache layout, and clear errors when a server cannot be reached."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,8 +14,15 @@ from pathlib import Path
 import pytest
 
 from stalwart.errors import ErrorKind, StalwartError
-from stalwart.stores import open_store
-from tests.backends import BackendUnavailable, skip_or_fail, start_redis, stop_redis
+from stalwart.stores import chunk_hash, open_store
+from tests.backends import (
+    BackendUnavailable,
+    skip_or_fail,
+    start_ignite,
+    start_redis,
+    stop_ignite,
+    stop_redis,
+)
 
 _HOLDER = textwrap.dedent(
     """
@@ -103,3 +111,30 @@ def test_ignite_caches_are_partitioned_with_one_backup(ignite_url: str) -> None:
             settings = store._caches[name].settings
             assert settings[PROP_CACHE_MODE] == CacheMode.PARTITIONED, name
             assert settings[PROP_BACKUPS_NUMBER] == 1, name
+
+
+def test_ignite_chunks_survive_the_loss_of_one_node(tmp_path: Path) -> None:
+    """Two nodes, backups=1: SIGKILL one and every chunk is still readable."""
+    try:
+        url = start_ignite(tmp_path, nodes=2)
+    except BackendUnavailable as e:
+        reason = f"no ignite cluster: {e}"
+    else:
+        reason = ""
+    if reason:
+        skip_or_fail(reason)
+    try:
+        with open_store(url) as store:
+            chunks = {}
+            for _ in range(16):
+                data = os.urandom(32 << 10)
+                chunks[chunk_hash(data)] = data
+                store.put_chunk(chunk_hash(data), data)
+            store.publish_manifest("job", "c1", b"manifest")
+            victim = int((tmp_path / "node1" / "ignite.pid").read_text())
+            os.kill(victim, signal.SIGKILL)
+            for h, data in chunks.items():
+                assert store.get_chunk(h) == data
+            assert store.get_manifest("job", "c1") == b"manifest"
+    finally:
+        stop_ignite(tmp_path)
