@@ -68,6 +68,13 @@ def _scrape(proc: ServiceProcess) -> str:
         return response.read().decode()
 
 
+def _scrape_until(proc: ServiceProcess, *needles: str) -> str:
+    """The metrics page once it shows every needle: the interceptor records a call
+    after its answer has left, so a scrape right after the call can be early."""
+    assert_eventually(lambda: all(n in _scrape(proc) for n in needles), timeout=5)
+    return _scrape(proc)
+
+
 # --- serving basics -------------------------------------------------------------------
 
 
@@ -132,9 +139,11 @@ def test_stalwart_error_reaches_client_with_reason(echo: ServiceProcess) -> None
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION
     assert err.kind is ErrorKind.FENCED and err.metadata == {"epoch": "7"}
     assert err.message == "replica is fenced"
-    metrics = _scrape(echo)
-    assert 'grpc_code="FAILED_PRECONDITION",grpc_method="StopTrainer"' in metrics
-    assert 'stalwart_rpc_errors_total{reason="FENCED"}' in metrics
+    _scrape_until(
+        echo,
+        'grpc_code="FAILED_PRECONDITION",grpc_method="StopTrainer"',
+        'stalwart_rpc_errors_total{reason="FENCED"}',
+    )
     # The error line carries the RPC from the log-context interceptor.
     lines = [json.loads(line) for line in echo.log_path.read_text().splitlines() if "{" in line]
     assert any(
@@ -159,10 +168,11 @@ def test_server_stream_yields_then_fails_with_reason(echo: ServiceProcess) -> No
     received, err = asyncio.run(call())
     assert received == 2
     assert err.kind is ErrorKind.NOT_LEADER and err.metadata["leader"] == "127.0.0.1:1"
-    assert (
+    _scrape_until(
+        echo,
         'grpc_code="FAILED_PRECONDITION",grpc_method="WatchAlerts",'
-        f'grpc_service="{MONITOR}",grpc_type="SERVER_STREAM"'
-    ) in _scrape(echo)
+        f'grpc_service="{MONITOR}",grpc_type="SERVER_STREAM"',
+    )
 
 
 def test_unexpected_exception_becomes_internal(echo: ServiceProcess) -> None:
@@ -190,7 +200,7 @@ def test_client_stream(echo: ServiceProcess) -> None:
             return response.samples_accepted
 
     assert asyncio.run(call()) == 3
-    assert 'grpc_method="StreamTelemetry",grpc_service' in _scrape(echo)
+    _scrape_until(echo, 'grpc_method="StreamTelemetry",grpc_service')
 
 
 # --- auth -------------------------------------------------------------------------------
@@ -223,7 +233,7 @@ def test_viewer_on_admin_method_is_permission_denied(secured: ServiceProcess) ->
     assert err.code == grpc.StatusCode.PERMISSION_DENIED and "admin" in err.message
     # Admin passes the check and reaches the handler (which answers FENCED).
     assert _status_with(secured, "adm-token", stop=True).kind is ErrorKind.FENCED
-    assert 'grpc_code="PERMISSION_DENIED",grpc_method="StopTrainer"' in _scrape(secured)
+    _scrape_until(secured, 'grpc_code="PERMISSION_DENIED",grpc_method="StopTrainer"')
 
 
 def test_health_is_open_without_token(secured: ServiceProcess) -> None:
