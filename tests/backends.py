@@ -49,7 +49,11 @@ def skip_or_fail(reason: str) -> None:
 def _script(name: str, *args: str, timeout: float) -> str:
     cmd = [str(SCRIPTS / name), *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        # The scripts stop the server on their own if this process dies without stopping it.
+        env = {**os.environ, "STALWART_BACKEND_OWNER_PID": str(os.getpid())}
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
     except subprocess.TimeoutExpired:
         raise BackendUnavailable(f"{name} {args[0]} did not finish in {timeout:.0f}s") from None
     if proc.returncode != 0:

@@ -56,3 +56,25 @@ apt_install() {
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends "$@" >&2
 }
+
+# watch_owner SCRIPT DIR: when $STALWART_BACKEND_OWNER_PID is set, leave behind a
+# small watcher that runs "SCRIPT stop DIR" once that process is gone, so servers
+# do not outlive a test run that was killed before it could stop them.
+watch_owner() {
+  local script=$1 dir=$2 owner=${STALWART_BACKEND_OWNER_PID:-}
+  [[ $owner =~ ^[0-9]+$ ]] || return 0
+  setsid bash -c '
+    while kill -0 "$1" 2>/dev/null && [[ -e "$3/.watch" ]]; do sleep 2; done
+    [[ -e "$3/.watch" ]] && "$2" stop "$3" >/dev/null 2>&1
+    rm -f "$3/.watch"
+  ' watcher "$owner" "$script" "$dir" </dev/null >/dev/null 2>&1 &
+  echo $! >"$dir/.watch"
+}
+
+# unwatch DIR: end the watcher of DIR (a normal stop).
+unwatch() {
+  local dir=$1
+  [[ -s "$dir/.watch" ]] && kill "$(cat "$dir/.watch")" 2>/dev/null
+  rm -f "$dir/.watch"
+  return 0
+}

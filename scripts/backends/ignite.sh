@@ -14,6 +14,7 @@
 # (off-heap data region, default 256), STALWART_IGNITE_START_TIMEOUT (s, default 120),
 # STALWART_IGNITE_JVM_OPTS (extra JVM flags; default -XX:TieredStopAtLevel=1, which
 # starts faster on small machines at no measurable cost to thin-client throughput).
+# STALWART_BACKEND_OWNER_PID: stop the nodes once that process exits (tests set it).
 # Exit status 3: Java or Maven cannot be had (not installed and not root).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -135,6 +136,7 @@ start() {
     if ((up == nodes)); then
       log "$nodes node(s) up in $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")s"
       echo "ignite://$url" | tee "$dir/url"
+      watch_owner "$ROOT/scripts/backends/ignite.sh" "$dir"
       return 0
     fi
     log "ignite did not come up (attempt $attempt); log tail of node0:"
@@ -146,6 +148,7 @@ start() {
 
 stop() {
   local dir=$1 pidfile
+  unwatch "$dir"
   for pidfile in "$dir"/node*/ignite.pid; do
     [[ -e $pidfile ]] && stop_pid "$pidfile" 20
   done

@@ -8,7 +8,8 @@
 #
 # The server binds 127.0.0.1 only, keeps nothing on disk (no RDB, no AOF) and
 # writes redis.pid, redis.log and url into DIR. `start` on a DIR whose server
-# is still running prints its URL again. Exit status 3: redis-server cannot be
+# is still running prints its URL again. With STALWART_BACKEND_OWNER_PID set, the
+# server is stopped by a watcher once that process exits (tests set it to pytest's pid). Exit status 3: redis-server cannot be
 # had (not installed and not root).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -50,6 +51,7 @@ CONF
     for ((i = 0; i < 100; i++)); do
       if port_open 127.0.0.1 "$port" && alive "$dir/redis.pid"; then
         echo "redis://127.0.0.1:$port/0" | tee "$dir/url"
+        watch_owner "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" "$dir"
         return 0
       fi
       sleep 0.05
@@ -65,7 +67,7 @@ cmd=${1:-}
 case "$cmd" in
   install) ensure_redis ;;
   start) [[ $# -eq 2 ]] || die "usage: $0 start DIR" 2; start "$2" ;;
-  stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR" 2; stop_pid "$2/redis.pid" 10; rm -f "$2/url" ;;
+  stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR" 2; unwatch "$2"; stop_pid "$2/redis.pid" 10; rm -f "$2/url" ;;
   url) [[ $# -eq 2 ]] || die "usage: $0 url DIR" 2; alive "$2/redis.pid" && cat "$2/url" ;;
   *) die "usage: $0 install | start DIR | stop DIR | url DIR" 2 ;;
 esac
