@@ -69,7 +69,10 @@ ensure_tools() {
   [[ ${major:-0} -ge 11 ]] || die "Ignite 2.x needs Java 11 or newer; found ${major:-none}" 3
 }
 
-built() { [[ -s $JAR && -s $LIB/ignite-core-2.16.0.jar && $JAR -nt $PROJECT/pom.xml ]]; }
+built() {
+  [[ -s $JAR && -s $LIB/ignite-core-2.16.0.jar && $JAR -nt $PROJECT/pom.xml ]] || return 1
+  [[ -z $(find "$PROJECT/src" -newer "$JAR" -type f -print -quit) ]]
+}
 
 build() {
   built && return 0
