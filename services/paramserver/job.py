@@ -38,11 +38,11 @@ class Entry:
     slot: int
     crc: int
 
-    def to_proto(self) -> paramserver.CommitEntry:
-        return paramserver.CommitEntry(step=self.step, slot=self.slot, payload_crc32c=self.crc)
+    def to_proto(self) -> common.CommitEntry:
+        return common.CommitEntry(step=self.step, slot=self.slot, payload_crc32c=self.crc)
 
     @classmethod
-    def from_proto(cls, e: paramserver.CommitEntry) -> Entry:
+    def from_proto(cls, e: common.CommitEntry) -> Entry:
         return cls(e.step, e.slot, e.payload_crc32c)
 
 

@@ -386,5 +386,5 @@ def test_from_install_copies_rather_than_shares():
 
 def test_entry_proto_round_trip():
     e = Entry(step=5, slot=2, crc=0xFFFFFFFF)
-    proto = paramserver.CommitEntry.FromString(e.to_proto().SerializeToString())
+    proto = common.CommitEntry.FromString(e.to_proto().SerializeToString())
     assert Entry.from_proto(proto) == e
