@@ -79,7 +79,7 @@ build() {
   ensure_tools
   command -v mvn >/dev/null || die "mvn is not installed and cannot be installed here (needs root and apt-get)" 3
   log "building the Ignite launcher (mvn package dependency:copy-dependencies)"
-  mvn -q -B -f "$PROJECT/pom.xml" package dependency:copy-dependencies >&2 ||
+  mvn -q -B -Dstyle.color=never -f "$PROJECT/pom.xml" package dependency:copy-dependencies >&2 ||
     die "maven build of deploy/ignite failed" 3
 }
 
