@@ -1,5 +1,26 @@
-"""Client SDK: the public way to talk to Stalwart services from Python."""
+"""Client SDK: the public way to talk to Stalwart services from Python.
 
-from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
+Names are imported on first use, so ``from stalwart.client import CoordinatorClient``
+does not pay for torch (which the parameter-server client needs).
+"""
 
-__all__ = ["ParamServerClient", "ShardGroupClient"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ParamServerClient": "stalwart.client.paramserver",
+    "ShardGroupClient": "stalwart.client.paramserver",
+    "CoordinatorClient": "stalwart.client.coordinator",
+    "NodeSession": "stalwart.client.coordinator",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stalwart.client' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

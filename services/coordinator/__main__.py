@@ -1,0 +1,108 @@
+"""Run one coordinator replica: ``python -m services.coordinator --store-url shm:///dev/shm/stalwart/x``.
+
+Start two or more on the same store: one leads (store lease), the rest are
+hot standbys that answer NOT_LEADER with the leader's address and take over
+when the lease lapses. SIGTERM hands the lease over before exiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+
+import structlog
+
+from services.coordinator.control import Control
+from services.coordinator.election import Election
+from services.coordinator.leader import LeaderState, holder_string
+from services.coordinator.paramwatch import ParamWatch, ReplicaLinks
+from services.coordinator.servicer import CoordinatorServicer
+from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.statestore import StateStore
+from stalwart import log
+from stalwart.api import coordinator_grpc
+from stalwart.channel import ChannelConfig, open_channel
+from stalwart.errors import StalwartError
+from stalwart.server import ConfigError, ServiceRunner, settings_or_exit
+from stalwart.stores import open_store
+
+SERVICE_NAME = "stalwart.v1.CoordinatorService"
+logger = structlog.get_logger("services.coordinator")
+
+
+async def _every(period: float, fn) -> None:
+    """Call ``fn`` every ``period`` seconds while leading; errors are logged, never fatal."""
+    while True:
+        try:
+            await fn()
+        except StalwartError as exc:
+            if exc.kind.reason != "NOT_LEADER":
+                logger.warning("control loop step failed", error=str(exc))
+        except Exception:
+            logger.exception("control loop step failed")
+        await asyncio.sleep(period)
+
+
+async def run(settings: CoordinatorSettings) -> None:
+    try:
+        store = await asyncio.to_thread(open_store, settings.store_url)
+    except StalwartError as exc:
+        raise ConfigError(f"cannot open the store: {exc}") from exc
+    state = StateStore(store, settings.store_prefix)
+    leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
+    control = Control(settings, state, leader)
+    token = settings.node_token.get_secret_value() or None
+    links = ReplicaLinks(lambda a: open_channel(a, ChannelConfig.from_settings(settings), token))
+    watch = ParamWatch(control, links, settings.paramserver_unreachable_polls)
+
+    holder = {"election": None}
+    runner = ServiceRunner(
+        settings,
+        lambda server: coordinator_grpc.add_CoordinatorServiceServicer_to_server(
+            CoordinatorServicer(control, holder["election"], settings), server
+        ),
+        [SERVICE_NAME],
+        on_shutdown=lambda: _hand_over(holder["election"]),
+    )
+    # The election needs the bound address, the servicer needs the election:
+    # build the election first with the address filled in after binding.
+    election = Election(state, leader, "", settings, control.take_over, control.stand_down)
+    holder["election"] = election
+    control.on_fenced = election.fenced
+    await runner.start()
+    election.holder = holder_string(settings.node_id, settings.advertise_address or runner.address)
+    tasks = [
+        asyncio.create_task(election.run()),
+        asyncio.create_task(_every(settings.tick_seconds, control.tick)),
+        asyncio.create_task(_every(settings.paramserver_poll_seconds, watch.round)),
+    ]
+    try:
+        await runner.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await links.close()
+        store.close()
+
+
+async def _hand_over(election: Election | None) -> None:
+    """On SIGTERM a leader releases its lease so a standby takes over at once."""
+    if election is not None:
+        with contextlib.suppress(Exception):
+            await election.step_down("shutting down")
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = settings_or_exit(CoordinatorSettings, argv)
+    log.configure_logging(settings.log_level, "coordinator", settings.node_id)
+    try:
+        asyncio.run(run(settings))
+    except ConfigError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

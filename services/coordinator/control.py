@@ -1,0 +1,347 @@
+"""The leader's executor: holds membership, jobs and shard groups, feeds the decision
+modules events, and carries out what they decide (persist, announce, reply).
+
+Every operation runs under one asyncio lock, checks first that this replica
+may act as leader (NOT_LEADER otherwise), and ends with :meth:`_flush`, which
+writes what changed to the store under the coordinator epoch and only then
+publishes the events. A write refused because a newer epoch took over
+(:class:`Fenced`) makes this replica step down at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from services.coordinator import drain, jobs, placement
+from services.coordinator.convert import (
+    job_from_proto,
+    job_to_proto,
+    node_from_proto,
+    node_to_proto,
+)
+from services.coordinator.events import EventLog
+from services.coordinator.leader import LeaderState
+from services.coordinator.membership import Membership, NodeRecord, NodeState, UnknownNode
+from services.coordinator.promotion import ReplicaView
+from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.statestore import Fenced, StateStore
+from stalwart.api import common
+from stalwart.errors import ErrorKind, StalwartError
+
+log = structlog.get_logger(__name__)
+
+EV = common  # event kinds live in common.proto
+
+
+@dataclass
+class Directions:
+    """What a heartbeat answers: the node, its directive and what it holds."""
+
+    node: NodeRecord
+    draining: bool
+    job: jobs.Job | None = None
+    slot: int = -1  # -1 with a job: a warm standby place
+
+
+class Control:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        state: StateStore,
+        leader: LeaderState,
+        on_fenced: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.leader = leader
+        self.on_fenced = on_fenced
+        self.lock = asyncio.Lock()
+        self.members = Membership(settings.node_lease_seconds)
+        self.jobs: dict[str, jobs.Job] = {}
+        self.groups: dict[int, tuple[str, int]] = {}  # shard -> (primary node id, epoch)
+        self.views: dict[str, ReplicaView] = {}  # paramserver node id -> last poll
+        self.events = EventLog()
+        self.epoch = 0  # epoch this replica leads under; 0 while it does not
+        self._dirty_jobs: set[str] = set()
+        self._dirty_nodes: set[str] = set()
+        self._dirty_groups: set[int] = set()
+
+    # --- guards and I/O ------------------------------------------------------------
+
+    def require_leader(self) -> None:
+        if self.epoch and self.leader.acting(time.monotonic()):
+            return
+        raise StalwartError(
+            ErrorKind.NOT_LEADER,
+            "this coordinator is a standby; call the leader",
+            leader=self.leader.leader_address,
+        )
+
+    async def io(self, fn: Callable, *args):
+        """Run a blocking store call in a thread, bounded by the store timeout."""
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(fn, *args), self.settings.store_timeout_seconds
+            )
+        except TimeoutError:
+            raise StalwartError(ErrorKind.UNAVAILABLE, "coordination store timed out") from None
+
+    async def _flush(self) -> None:
+        """Persist what changed under our epoch, then publish the events."""
+        epoch = self.epoch
+        jobs_out = [job_to_proto(self.jobs[j]) for j in sorted(self._dirty_jobs) if j in self.jobs]
+        nodes_out = [self.node_proto(self.members.nodes[n]) for n in sorted(self._dirty_nodes)]
+        groups_out = [(s, *self.groups[s]) for s in sorted(self._dirty_groups)]
+        events = self.events.take_pending()
+        self._dirty_jobs.clear(), self._dirty_nodes.clear(), self._dirty_groups.clear()
+
+        def write() -> None:
+            for job in jobs_out:
+                self.state.put_job(epoch, job)
+            for node in nodes_out:
+                self.state.put_node(epoch, node)
+            for shard, primary, group_epoch in groups_out:
+                self.state.put_group(epoch, shard, primary, group_epoch)
+            self.state.append_events(epoch, events, self.settings.events_kept)
+
+        try:
+            await self.io(write)
+        except Fenced as exc:
+            await self._fenced(str(exc))
+            raise StalwartError(
+                ErrorKind.NOT_LEADER, "deposed: a newer coordinator leads"
+            ) from None
+        self.events.publish(events)
+
+    async def _fenced(self, reason: str) -> None:
+        log.warning("fenced by a newer coordinator epoch", reason=reason)
+        self.stand_down()
+        if self.on_fenced is not None:
+            await self.on_fenced(reason)
+
+    # --- leadership ----------------------------------------------------------------
+
+    async def take_over(self, epoch: int) -> None:
+        """Elected: fence older epochs, reload everything, grant fresh leases, announce."""
+        async with self.lock:
+            await self.io(self.state.take_over, epoch)
+            jobs_in, nodes_in, groups, last = await self.io(self._read_all)
+            now = time.time()
+            self.jobs = {j.job_id: job_from_proto(j) for j in jobs_in}
+            self.members = Membership(self.settings.node_lease_seconds)
+            self.members.nodes = {n.node_id: node_from_proto(n) for n in nodes_in}
+            self.members.refresh_all(now)  # nobody dies only because the leader changed
+            self._restore_standbys(nodes_in)
+            self.groups, self.views = groups, {}
+            self.events.reset(last)
+            self.epoch = epoch
+            self.events.add(EV.EVENT_KIND_LEADER_ELECTED, f"leader elected at epoch {epoch}",
+                            node_id=self.leader.leader_id, epoch=epoch)  # fmt: skip
+            self._reconcile(now)
+            await self._flush()
+        log.info("leading", epoch=epoch, jobs=len(self.jobs), nodes=len(self.members.nodes))
+
+    def _read_all(self):
+        s = self.state
+        return s.jobs(), s.nodes(), s.groups(), s.last_sequence()
+
+    def _restore_standbys(self, nodes_in) -> None:
+        for n in nodes_in:
+            job = self.jobs.get(n.job_id)
+            if job is not None and n.slot < 0 and n.node_id not in job.standbys:
+                job.standbys.append(n.node_id)
+
+    def stand_down(self) -> None:
+        """Leadership ended: stop acting and end every watcher's stream."""
+        if self.epoch:
+            log.warning("no longer leading", epoch=self.epoch)
+        self.epoch = 0
+        self.events.close_all()
+
+    # --- nodes ---------------------------------------------------------------------
+
+    def holdings(self) -> dict[str, tuple[str, int]]:
+        """node id -> (job id, slot or -1 for a standby place), for active and finished jobs."""
+        out: dict[str, tuple[str, int]] = {}
+        for job in self.jobs.values():
+            out.update({n: (job.job_id, -1) for n in job.standbys})
+            out.update({s.node_id: (job.job_id, s.index) for s in job.slots if s.node_id})
+        return out
+
+    def node_proto(self, node: NodeRecord, holdings: dict | None = None):
+        job_id, slot = (holdings or self.holdings()).get(node.node_id, ("", -1))
+        return node_to_proto(node, job_id, slot)
+
+    async def register(self, record: NodeRecord) -> NodeRecord:
+        async with self.lock:
+            self.require_leader()
+            now = time.time()
+            node = self.members.register(record, now)
+            self._dirty_nodes.add(node.node_id)
+            self.events.add(EV.EVENT_KIND_NODE_REGISTERED,
+                            f"{node.role.value} {node.node_id} registered at {node.address}",
+                            node_id=node.node_id, role=node.role.value)  # fmt: skip
+            self._reconcile(now)
+            await self._flush()
+            return node
+
+    async def heartbeat(
+        self, node_id: str, epoch: int, step: int, step_time: float | None
+    ) -> Directions:
+        async with self.lock:
+            self.require_leader()
+            if epoch > self.epoch:  # the node has heard from a newer leader
+                await self._fenced(f"node {node_id} carries epoch {epoch}")
+                self.leader.saw_higher_epoch(epoch)
+                self.require_leader()
+            try:
+                node = self.members.heartbeat(node_id, time.time(), step, step_time)
+            except UnknownNode:
+                raise StalwartError(
+                    ErrorKind.UNKNOWN_NODE,
+                    f"node {node_id!r} is not registered (lease lapsed?): register again",
+                ) from None
+            job_id, slot = self.holdings().get(node_id, ("", -1))
+            job = self.jobs.get(job_id)
+            draining = node.state in (NodeState.DRAINING, NodeState.DRAINED)
+            return Directions(node, draining, job if job and not job.finished else None, slot)
+
+    async def drain_node(self, node_id: str, reason: str) -> NodeRecord:
+        async with self.lock:
+            self.require_leader()
+            node = self._node(node_id)
+            if drain.decide_drain(node.state) is drain.DrainDecision.START:
+                node.state = NodeState.DRAINING
+                self._dirty_nodes.add(node_id)
+                log.info("draining", node=node_id, reason=reason)
+                self._reconcile(time.time())
+                await self._flush()
+            return node
+
+    def _node(self, node_id: str) -> NodeRecord:
+        node = self.members.nodes.get(node_id)
+        if node is None:
+            raise StalwartError(ErrorKind.NOT_FOUND, f"no node {node_id!r}")
+        return node
+
+    # --- jobs ----------------------------------------------------------------------
+
+    async def create_job(self, job_id: str, spec, request_id: str) -> jobs.Job:
+        async with self.lock:
+            self.require_leader()
+            if request_id:
+                earlier = await self.io(self.state.request_job, request_id)
+                if earlier in self.jobs:
+                    return self.jobs[earlier]  # a retry: the same job
+                job_id = earlier or job_id
+            job_id = job_id or f"job-{uuid.uuid4().hex[:10]}"
+            if job_id in self.jobs:
+                raise StalwartError(
+                    ErrorKind.ALREADY_EXISTS, f"job {job_id!r} exists (another request)"
+                )
+            if request_id:
+                await self.io(self.state.put_request, self.epoch, request_id, job_id)
+            now = time.time()
+            job = jobs.Job(job_id, spec.num_slots, spec.steps, now, spec=spec,
+                           num_shards=max(1, spec.num_shards))  # fmt: skip
+            self.jobs[job_id] = job
+            self._dirty_jobs.add(job_id)
+            self._job_event(
+                job,
+                f"job {job_id} admitted: {spec.model}, {spec.num_slots} slots, {spec.steps} steps",
+            )
+            self._reconcile(now)
+            await self._flush()
+            return job
+
+    def job(self, job_id: str) -> jobs.Job:
+        self.require_leader()
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise StalwartError(ErrorKind.UNKNOWN_JOB, f"no job {job_id!r}")
+        return job
+
+    async def cancel_job(self, job_id: str, reason: str) -> jobs.Job:
+        async with self.lock:
+            job = self.job(job_id)
+            self._advance(job, jobs.Cancel(reason or "cancelled by request"), time.time())
+            self._reconcile(time.time())
+            await self._flush()
+            return job
+
+    def _advance(self, job: jobs.Job, event: jobs.Event, now: float) -> None:
+        old_step = job.step
+        change = jobs.advance(job, event, now)
+        if job.step != old_step:
+            self._dirty_jobs.add(job.job_id)
+            for step in range(max(old_step + 1, job.step - 999), job.step + 1):
+                self.events.add(EV.EVENT_KIND_STEP_COMMITTED, f"step {step} committed",
+                                job_id=job.job_id, step=step)  # fmt: skip
+        if change is not None:
+            self._dirty_jobs.add(job.job_id)
+            self._job_event(
+                job, f"job {job.job_id} {change.old.value} -> {change.new.value}: {change.reason}"
+            )
+
+    def _job_event(self, job: jobs.Job, message: str) -> None:
+        self.events.add(EV.EVENT_KIND_JOB_STATE_CHANGED, message, job_id=job.job_id,
+                        step=job.step, state=job.state.value)  # fmt: skip
+
+    # --- the control loop ----------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Expire leases, then place work. Called every tick while leading."""
+        async with self.lock:
+            self.require_leader()
+            now = time.time()
+            for node in self.members.expire(now):
+                self._node_died(node, "lease expired")
+            self._reconcile(now)
+            if (
+                self._dirty_jobs
+                or self._dirty_nodes
+                or self._dirty_groups
+                or self.events.has_pending
+            ):
+                await self._flush()
+
+    def _node_died(self, node: NodeRecord, why: str) -> None:
+        self._dirty_nodes.add(node.node_id)
+        self.events.add(EV.EVENT_KIND_NODE_DEAD, f"{node.role.value} {node.node_id} dead: {why}",
+                        node_id=node.node_id)  # fmt: skip
+        log.warning("node dead", node=node.node_id, role=node.role.value, why=why)
+
+    def _reconcile(self, now: float) -> None:
+        """Run placement and carry out its actions on the in-memory state."""
+        actions = placement.decide(list(self.jobs.values()), self.members.nodes.values())
+        if not actions:
+            return
+        changed = placement.apply(self.jobs, actions)
+        for action in actions:
+            self._announce(action)
+        self._dirty_jobs |= changed
+        for job_id in changed:
+            self._advance(self.jobs[job_id], jobs.SlotsChanged(), now)
+
+    def _announce(self, a: placement.Action) -> None:
+        self._dirty_nodes.add(a.node_id)
+        if isinstance(a, placement.MarkDrained):
+            self.members.nodes[a.node_id].state = NodeState.DRAINED
+            self.events.add(
+                EV.EVENT_KIND_NODE_DRAINED, f"node {a.node_id} drained", node_id=a.node_id
+            )
+        elif isinstance(a, placement.Assign):
+            job = self.jobs[a.job_id]
+            kind = EV.EVENT_KIND_STANDBY_PROMOTED if a.from_standby else EV.EVENT_KIND_SLOT_ASSIGNED
+            how = "standby promoted into" if a.from_standby else "assigned"
+            self.events.add(kind, f"{a.node_id} {how} slot {a.slot} of {a.job_id} at step {job.step}",
+                            job_id=a.job_id, node_id=a.node_id, step=job.step, slot=a.slot)  # fmt: skip
+        elif isinstance(a, placement.AttachStandby):
+            self.events.add(EV.EVENT_KIND_SLOT_ASSIGNED, f"{a.node_id} is a warm standby of {a.job_id}",
+                            job_id=a.job_id, node_id=a.node_id, slot=-1)  # fmt: skip

@@ -1,0 +1,36 @@
+"""Drain decisions: when a node starts draining, when it is drained, when health asks for it.
+
+Draining moves a node's work to others (placement does the moving: a DRAINING
+node is not eligible for work) and then gives it no more. Plain functions.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from services.coordinator.membership import NodeState
+
+
+class DrainDecision(enum.Enum):
+    START = "start"  # ALIVE -> DRAINING
+    ALREADY = "already"  # draining or drained: a retried request changes nothing
+    REFUSE = "refuse"  # dead or quarantined: nothing left to drain
+
+
+def decide_drain(state: NodeState) -> DrainDecision:
+    """What a DrainNode request does to a node in ``state``."""
+    if state is NodeState.ALIVE:
+        return DrainDecision.START
+    if state in (NodeState.DRAINING, NodeState.DRAINED):
+        return DrainDecision.ALREADY
+    return DrainDecision.REFUSE
+
+
+def is_drained(state: NodeState, holds_work: bool) -> bool:
+    """A draining node becomes DRAINED once it holds neither a slot nor a standby place."""
+    return state is NodeState.DRAINING and not holds_work
+
+
+def should_drain_for_health(state: NodeState, health_score: float, threshold: float) -> bool:
+    """Drain a live node whose health score (1 healthy, 0 about to fail) fell below threshold."""
+    return state is NodeState.ALIVE and health_score < threshold

@@ -1,0 +1,126 @@
+"""The election loop: executes what leader.py decides against the store lease.
+
+A standby tries to acquire ``coordinator/leader`` every poll interval; the
+leader renews every renew interval. Store calls run in a thread with a
+timeout; a renew that fails or times out steps the leader down. Elected and
+deposed hooks are awaited in order, so a replica never serves as leader before
+it has reloaded the stored state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from prometheus_client import Counter
+
+from services.coordinator.leader import LeaderState, Role
+from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.statestore import StateStore
+from stalwart.errors import StalwartError
+from stalwart.stores import Lease
+
+log = structlog.get_logger(__name__)
+
+LEADER_CHANGES = Counter(
+    "stalwart_coordinator_leader_changes_seen_total",
+    "Times this replica saw itself become leader or stop being leader.",
+)
+
+
+class Election:
+    def __init__(
+        self,
+        state: StateStore,
+        leader: LeaderState,
+        holder: str,
+        settings: CoordinatorSettings,
+        on_elected: Callable[[int], Awaitable[None]],
+        on_deposed: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.leader = leader
+        self.holder = holder
+        self.settings = settings
+        self.on_elected = on_elected
+        self.on_deposed = on_deposed
+        self.lease: Lease | None = None
+        self._hold_off_until = 0.0  # after StepDown: let a standby win the lease
+
+    async def _io(self, fn, *args):
+        return await asyncio.wait_for(
+            asyncio.to_thread(fn, *args), self.settings.store_timeout_seconds
+        )
+
+    async def run(self) -> None:
+        while True:
+            if self.leader.role is Role.LEADER:
+                await self._renew()
+                await asyncio.sleep(self.settings.leader_renew_seconds)
+            else:
+                if time.monotonic() >= self._hold_off_until:
+                    await self._try_acquire()
+                await asyncio.sleep(self.settings.leader_poll_seconds)
+
+    async def _try_acquire(self) -> None:
+        started = time.monotonic()
+        try:
+            lease = await self._io(self.state.store.acquire_lease, self.state.lease_name,
+                                   self.holder, self.settings.leader_ttl_seconds)  # fmt: skip
+            if lease is None:
+                current = await self._io(self.state.store.get_lease, self.state.lease_name)
+                if current is not None:
+                    self.leader.observed(current.holder, current.token)
+                return
+        except (StalwartError, TimeoutError) as exc:
+            log.warning("cannot reach the store to acquire the leader lease", error=str(exc))
+            return
+        self.lease = lease
+        self.leader.acquired(lease.token, lease.holder, started)
+        LEADER_CHANGES.inc()
+        log.warning("acquired the leader lease", epoch=lease.token)
+        try:
+            await self.on_elected(lease.token)
+        except Exception as exc:  # cannot load state or fenced: give the lease back
+            log.exception("taking over failed; stepping down")
+            await self.step_down(f"take-over failed: {exc}")
+
+    async def _renew(self) -> None:
+        started = time.monotonic()
+        try:
+            ok = self.lease is not None and await self._io(self.state.store.renew_lease, self.lease)
+        except (StalwartError, TimeoutError) as exc:
+            log.warning("cannot renew the leader lease", error=str(exc))
+            ok = False
+        change = self.leader.renewed(ok, started, time.monotonic())
+        if change is not None:
+            log.warning("stepping down", epoch=change.epoch, reason=change.reason)
+            await self._deposed(release=ok)
+
+    async def step_down(self, reason: str, hold_off: bool = False) -> int:
+        """Give the lease up at once (StepDown RPC, SIGTERM); returns the epoch held."""
+        epoch = self.leader.epoch
+        if self.leader.step_down(reason) is None and self.lease is None:
+            return epoch  # not leading: nothing to give up
+        log.warning("stepping down", epoch=epoch, reason=reason)
+        if hold_off:
+            self._hold_off_until = time.monotonic() + 2 * self.settings.leader_ttl_seconds
+        await self._deposed(release=True)
+        return epoch
+
+    async def fenced(self, reason: str) -> None:
+        """A newer epoch exists: stop at once (the lease is someone else's)."""
+        if self.leader.step_down(reason) is not None:
+            await self._deposed(release=False)
+
+    async def _deposed(self, release: bool) -> None:
+        LEADER_CHANGES.inc()
+        self.on_deposed()
+        lease, self.lease = self.lease, None
+        if release and lease is not None:
+            try:
+                await self._io(self.state.store.release_lease, lease)
+            except (StalwartError, TimeoutError) as exc:
+                log.warning("cannot release the leader lease; it will lapse", error=str(exc))

@@ -1,0 +1,128 @@
+"""Node membership and leases: plain state fed (event, now), no I/O.
+
+A node holds a lease renewed by heartbeats. ``expire(now)`` declares every node
+whose lease ran out DEAD and returns them, so the caller can move their work and
+say so in the event stream. After a leader change ``refresh_all(now)`` grants
+every live node a fresh lease: a node must not be declared dead only because the
+coordinator that would have heard its heartbeats changed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# Weight of the newest step time in the moving average: recent enough to notice
+# a slowing node within a few steps, smooth enough to ignore one slow batch.
+EMA_ALPHA = 0.3
+
+
+class NodeState(enum.Enum):
+    ALIVE = "alive"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    DEAD = "dead"
+    QUARANTINED = "quarantined"
+
+
+class Role(enum.Enum):
+    COORDINATOR = "coordinator"
+    PARAMSERVER = "paramserver"
+    TRAINER = "trainer"
+    HEALTH = "health"
+    AGENT = "agent"
+
+
+# States whose lease is still watched (a draining node can still die).
+LEASED = (NodeState.ALIVE, NodeState.DRAINING, NodeState.DRAINED)
+
+
+class UnknownNode(Exception):
+    """Heartbeat from a node that is not registered or was declared dead."""
+
+
+@dataclass
+class NodeRecord:
+    """What the coordinator knows of one registered process."""
+
+    node_id: str
+    role: Role
+    address: str
+    state: NodeState = NodeState.ALIVE
+    lease_expires: float = 0.0
+    standby: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    shard: int = 0
+    health_score: float = 1.0
+    step_time_ema: float = 0.0
+    last_step: int = -1
+    registered_at: float = 0.0
+    # Replica role of a paramserver as last polled ("primary", "backup", "fenced", "").
+    replica_role: str = ""
+
+    @property
+    def leased(self) -> bool:
+        return self.state in LEASED
+
+
+class Membership:
+    """Registered nodes and their leases."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        self.nodes: dict[str, NodeRecord] = {}
+
+    def register(self, record: NodeRecord, now: float) -> NodeRecord:
+        """Add or replace a node (a restarted node comes back fresh and ALIVE)."""
+        record.state = NodeState.ALIVE
+        record.lease_expires = now + self.lease_s
+        record.registered_at = now
+        self.nodes[record.node_id] = record
+        return record
+
+    def heartbeat(
+        self, node_id: str, now: float, step: int = -1, step_time: float | None = None
+    ) -> NodeRecord:
+        """Renew a lease; raises UnknownNode for an absent or dead node."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.leased:
+            raise UnknownNode(node_id)
+        node.lease_expires = now + self.lease_s
+        node.last_step = max(node.last_step, step)
+        if step_time is not None and step_time > 0:
+            node.step_time_ema = _ema(node.step_time_ema, step_time)
+        return node
+
+    def expire(self, now: float) -> list[NodeRecord]:
+        """Declare DEAD every leased node whose lease has run out; return them."""
+        dead = [n for n in self.nodes.values() if n.leased and n.lease_expires <= now]
+        for node in dead:
+            node.state = NodeState.DEAD
+        return sorted(dead, key=lambda n: n.node_id)
+
+    def declare_dead(self, node_id: str) -> NodeRecord | None:
+        """Declare a node dead before its lease ends (it is known unreachable)."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.leased:
+            return None
+        node.state = NodeState.DEAD
+        return node
+
+    def refresh_all(self, now: float) -> None:
+        """Grant every leased node a full lease (done by a newly elected leader)."""
+        for node in self.nodes.values():
+            if node.leased:
+                node.lease_expires = now + self.lease_s
+
+    def alive(self, role: Role | None = None) -> list[NodeRecord]:
+        """Nodes still holding a lease (DRAINING and DRAINED included), by node id."""
+        return sorted(
+            (n for n in self.nodes.values() if n.leased and (role is None or n.role is role)),
+            key=lambda n: n.node_id,
+        )
+
+
+def _ema(previous: float, sample: float) -> float:
+    if previous <= 0:
+        return sample
+    return (1 - EMA_ALPHA) * previous + EMA_ALPHA * sample

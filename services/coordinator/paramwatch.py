@@ -1,0 +1,214 @@
+"""Watching paramserver shard groups: poll every replica, promote, add backups, track progress.
+
+One round: ask every live paramserver for GetReplicaStatus (outside the lock),
+fold the answers into the leader's view, let ``promotion.decide`` say what each
+group needs, carry that out with Promote / ConfigureReplica, and feed each
+job's committed version (the primaries' version) to the job state machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from services.coordinator import jobs, promotion
+from services.coordinator.control import EV, Control
+from services.coordinator.convert import REPLICA_ROLES_BACK
+from services.coordinator.membership import NodeState, Role
+from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.errors import RpcError
+
+log = structlog.get_logger(__name__)
+
+STATUS_TIMEOUT_S = 0.5
+COMMAND_TIMEOUT_S = 2.0
+
+
+class ReplicaLinks:
+    """Cached stubs to paramserver replicas; every call has a deadline."""
+
+    def __init__(self, open_channel: Callable[[str], grpc.aio.Channel]) -> None:
+        self._open = open_channel
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def stub(self, address: str) -> paramserver_grpc.ParamServerServiceStub:
+        if address not in self._channels:
+            self._channels[address] = self._open(address)
+        return paramserver_grpc.ParamServerServiceStub(self._channels[address])
+
+    async def status(self, address: str) -> paramserver.GetReplicaStatusResponse:
+        return await self._call(address, "GetReplicaStatus", paramserver.GetReplicaStatusRequest(),
+                                STATUS_TIMEOUT_S)  # fmt: skip
+
+    async def promote(self, address: str, epoch: int, backups: tuple[str, ...]):
+        request = paramserver.PromoteRequest(epoch=epoch, backups=list(backups))
+        return await self._call(address, "Promote", request, COMMAND_TIMEOUT_S)
+
+    async def configure(self, address: str, role: int, epoch: int, backups: tuple[str, ...] = ()):
+        request = paramserver.ConfigureReplicaRequest(role=role, epoch=epoch, backups=list(backups))
+        return await self._call(address, "ConfigureReplica", request, COMMAND_TIMEOUT_S)
+
+    async def _call(self, address: str, method: str, request, timeout: float):
+        try:
+            return await getattr(self.stub(address), method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise RpcError.from_grpc(exc) from None
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
+        self._channels.clear()
+
+
+class ParamWatch:
+    def __init__(self, control: Control, links: ReplicaLinks, unreachable_polls: int) -> None:
+        self.control = control
+        self.links = links
+        self.unreachable_polls = unreachable_polls
+        self._failures: dict[str, int] = {}
+
+    async def round(self) -> None:
+        """One poll of every live paramserver, then the decisions it calls for."""
+        c = self.control
+        async with c.lock:
+            c.require_leader()
+            targets = [(n.node_id, n.address) for n in c.members.alive(Role.PARAMSERVER)]
+        answers = await asyncio.gather(*(self.links.status(a) for _, a in targets),
+                                       return_exceptions=True)  # fmt: skip
+        async with c.lock:
+            c.require_leader()
+            for (node_id, address), answer in zip(targets, answers, strict=True):
+                self._fold(node_id, address, answer)
+            self._adopt_live_primaries()
+            self._progress()
+            decisions = self._decisions()
+            await c._flush()
+        for shard, decision in decisions:
+            await self._execute(shard, decision)
+
+    def _fold(self, node_id: str, address: str, answer) -> None:
+        c = self.control
+        node = c.members.nodes.get(node_id)
+        if node is None:
+            return
+        if isinstance(answer, BaseException):
+            self._failures[node_id] = self._failures.get(node_id, 0) + 1
+            if self.unreachable_polls and self._failures[node_id] >= self.unreachable_polls:
+                if c.members.declare_dead(node_id) is not None:
+                    c._node_died(node, f"unreachable for {self._failures[node_id]} polls")
+            return
+        self._failures[node_id] = 0
+        role = REPLICA_ROLES_BACK.get(answer.role, "")
+        c.views[node_id] = promotion.ReplicaView(
+            node_id, address, True, role, answer.epoch,
+            {j.job_id: j.version for j in answer.jobs},
+            tuple(b.address for b in answer.backups),
+        )  # fmt: skip
+        if node.replica_role != role:
+            node.replica_role = role
+            c._dirty_nodes.add(node_id)
+
+    def group(self, shard: int) -> list[promotion.ReplicaView]:
+        """The shard's replicas with liveness from membership (dead ones keep their last epoch)."""
+        c = self.control
+        out = []
+        for node in c.members.nodes.values():
+            if node.role is not Role.PARAMSERVER or node.shard != shard:
+                continue
+            view = c.views.get(node.node_id) or promotion.ReplicaView(
+                node.node_id, node.address, True
+            )
+            alive = node.leased and node.state is not NodeState.DEAD
+            out.append(promotion.ReplicaView(view.node_id, node.address, alive, view.role, view.epoch,
+                                             view.versions, view.backups))  # fmt: skip
+        return out
+
+    def shards(self) -> list[int]:
+        nodes = self.control.members.nodes.values()
+        return sorted({n.shard for n in nodes if n.role is Role.PARAMSERVER})
+
+    def _adopt_live_primaries(self) -> None:
+        c = self.control
+        for shard in self.shards():
+            primary = promotion.live_primary(self.group(shard))
+            if primary is not None and c.groups.get(shard) != (primary.node_id, primary.epoch):
+                c.groups[shard] = (primary.node_id, primary.epoch)
+                c._dirty_groups.add(shard)
+
+    def _decisions(self) -> list[tuple[int, promotion.Decision]]:
+        c = self.control
+        out = []
+        for shard in self.shards():
+            primary_id = c.groups.get(shard, ("", 0))[0]
+            out += [(shard, d) for d in promotion.decide(self.group(shard), primary_id)]
+        return out
+
+    def _progress(self) -> None:
+        """Each active job's committed step is the lowest version among its shards' primaries."""
+        c = self.control
+        now = time.time()
+        for job in c.jobs.values():
+            if job.finished:
+                continue
+            versions = [self._primary_version(k, job.job_id) for k in range(job.num_shards)]
+            if versions and all(v is not None for v in versions):
+                c._advance(job, jobs.Progress(min(versions)), now)
+
+    def _primary_version(self, shard: int, job_id: str) -> int | None:
+        c = self.control
+        primary_id = c.groups.get(shard, ("", 0))[0]
+        view = c.views.get(primary_id)
+        return view.versions.get(job_id) if view is not None and view.role == "primary" else None
+
+    # --- carrying decisions out ----------------------------------------------------
+
+    async def _execute(self, shard: int, decision: promotion.Decision) -> None:
+        try:
+            if isinstance(decision, promotion.Promote):
+                await self._promote(shard, decision)
+            elif isinstance(decision, promotion.AddBackup):
+                await self._add_backup(decision)
+            else:
+                await self._group_lost(shard, decision)
+        except RpcError as exc:
+            log.warning(
+                "paramserver command failed", shard=shard, decision=repr(decision), error=str(exc)
+            )
+
+    async def _promote(self, shard: int, d: promotion.Promote) -> None:
+        c = self.control
+        async with c.lock:
+            c.require_leader()  # a deposed leader must not command
+        await self.links.promote(d.address, d.epoch, d.backups)
+        async with c.lock:
+            c.require_leader()
+            c.groups[shard] = (d.node_id, d.epoch)
+            c._dirty_groups.add(shard)
+            c.events.add(EV.EVENT_KIND_REPLICA_PROMOTED,
+                         f"paramserver {d.node_id} promoted to primary of shard {shard} at epoch {d.epoch}",
+                         node_id=d.node_id, shard=shard, epoch=d.epoch)  # fmt: skip
+            await c._flush()
+        log.warning("promoted paramserver", node=d.node_id, shard=shard, epoch=d.epoch)
+
+    async def _add_backup(self, d: promotion.AddBackup) -> None:
+        async with self.control.lock:
+            self.control.require_leader()
+        await self.links.configure(d.address, common.REPLICA_ROLE_BACKUP, d.epoch)
+        await self.links.configure(
+            d.primary_address, common.REPLICA_ROLE_PRIMARY, d.epoch, d.backups
+        )
+        log.info("added paramserver backup", backup=d.address, primary=d.primary_address)
+
+    async def _group_lost(self, shard: int, d: promotion.GroupLost) -> None:
+        c = self.control
+        async with c.lock:
+            c.require_leader()
+            now = time.time()
+            for job in c.jobs.values():
+                if not job.finished and shard < job.num_shards:
+                    c._advance(job, jobs.Fail(f"paramserver shard {shard}: {d.reason}"), now)
+            c._reconcile(now)
+            await c._flush()

@@ -1,0 +1,103 @@
+"""Paramserver shard groups: which backup to promote, under which epoch, and
+which replicas to add as backups. Pure: fed what the coordinator last polled.
+
+A group is the set of registered paramserver replicas with the same shard
+index. The coordinator remembers the group's primary. When that primary is
+declared dead and no live replica claims to be primary, the live backup with
+the highest applied version is promoted with ``epoch = highest epoch seen in
+the group + 1`` and the other live replicas as its backups. A live replica that
+is neither the primary nor among its backups is added to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One replica as last polled (``role``: primary, backup, fenced, or "" if never)."""
+
+    node_id: str
+    address: str
+    alive: bool
+    role: str = ""
+    epoch: int = 0
+    versions: dict[str, int] = field(default_factory=dict)  # job id -> applied version
+    backups: tuple[str, ...] = ()  # for a primary: addresses it replicates to
+
+
+@dataclass(frozen=True)
+class Promote:
+    node_id: str
+    address: str
+    epoch: int
+    backups: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AddBackup:
+    """Configure ``address`` as a backup under ``epoch``, then give the primary its new list."""
+
+    primary_address: str
+    address: str
+    epoch: int
+    backups: tuple[str, ...]  # the primary's full backup list afterwards
+
+
+@dataclass(frozen=True)
+class GroupLost:
+    """The primary is dead and no live replica can take over."""
+
+    reason: str
+
+
+Decision = Promote | AddBackup | GroupLost
+
+
+def progress_key(replica: ReplicaView) -> tuple[int, int, str]:
+    """Most applied updates first, then the higher epoch, then node id (deterministic)."""
+    return (sum(replica.versions.values()), replica.epoch, replica.node_id)
+
+
+def live_primary(group: Sequence[ReplicaView]) -> ReplicaView | None:
+    """The live replica claiming primary with the highest epoch, if any."""
+    primaries = [r for r in group if r.alive and r.role == "primary"]
+    return max(primaries, key=lambda r: r.epoch, default=None)
+
+
+def decide(group: Sequence[ReplicaView], primary_id: str) -> list[Decision]:
+    """What to do for one shard group whose recorded primary is ``primary_id``."""
+    primary = live_primary(group)
+    if primary is not None:
+        return list(_add_backups(group, primary))
+    recorded = next((r for r in group if r.node_id == primary_id), None)
+    if recorded is not None and recorded.alive:
+        return []  # recorded primary alive but not (yet) polled as primary: wait
+    if not primary_id:
+        return []  # no primary known yet (replicas still starting): never promote blindly
+    return [choose_promotion(group)]
+
+
+def choose_promotion(group: Sequence[ReplicaView]) -> Promote | GroupLost:
+    candidates = [r for r in group if r.alive and r.role == "backup"]
+    if not candidates:
+        return GroupLost("primary dead and no live backup")
+    best = max(candidates, key=progress_key)
+    epoch = max(r.epoch for r in group) + 1
+    backups = tuple(sorted(r.address for r in candidates if r.node_id != best.node_id))
+    return Promote(best.node_id, best.address, epoch, backups)
+
+
+def _add_backups(group: Sequence[ReplicaView], primary: ReplicaView) -> list[AddBackup]:
+    current = list(primary.backups)
+    out = []
+    for r in sorted(group, key=lambda r: r.node_id):
+        if not r.alive or r.node_id == primary.node_id or r.address in current:
+            continue
+        if r.role not in ("backup", "fenced", "primary"):
+            continue  # not polled yet: add it once we know it answers
+        current.append(r.address)
+        out.append(AddBackup(primary.address, r.address, primary.epoch, tuple(current)))
+    return out

@@ -1,0 +1,311 @@
+"""gRPC adapter of the coordinator: checks input, calls Control, converts the answer.
+
+No decisions here: validation, conversion, and the NOT_LEADER answer (with the
+leader's address) come from the library and the control object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import structlog
+
+from services.coordinator import paging
+from services.coordinator.control import Control, Directions
+from services.coordinator.convert import JOB_STATES_BACK, ROLES_BACK, job_to_proto, timestamp
+from services.coordinator.election import Election
+from services.coordinator.jobs import JobState
+from services.coordinator.membership import NodeRecord, Role
+from services.coordinator.settings import CoordinatorSettings
+from stalwart import jobspec
+from stalwart.api import common, coordinator, coordinator_grpc
+from stalwart.errors import ErrorKind, StalwartError
+from stalwart.server import rpc_handler
+from stalwart.stores.common import check_key
+
+log = structlog.get_logger(__name__)
+
+WATCH_POLL_S = 1.0  # a watcher re-checks leadership at least this often
+
+
+class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
+    def __init__(self, control: Control, election: Election, settings: CoordinatorSettings) -> None:
+        self.control = control
+        self.election = election
+        self.settings = settings
+
+    # --- jobs ----------------------------------------------------------------------
+
+    @rpc_handler
+    async def CreateJob(self, request, context):
+        jobspec.validate_job_id(request.job_id)
+        spec = jobspec.normalized(request.spec)
+        jobspec.validate_job_spec(spec, self.settings.max_slots, self.settings.max_steps)
+        job = await self.control.create_job(request.job_id, spec, request.request_id)
+        return coordinator.CreateJobResponse(job=job_to_proto(job))
+
+    @rpc_handler
+    async def GetJob(self, request, context):
+        return coordinator.GetJobResponse(job=job_to_proto(self.control.job(request.job_id)))
+
+    @rpc_handler
+    async def ListJobs(self, request, context):
+        self.control.require_leader()
+        wanted = JOB_STATES_BACK.get(request.state)
+        items = [j for j in self.control.jobs.values() if wanted is None or j.state is wanted]
+        # newest first: sort by negated creation time
+        chunk, token = paging.page(items, lambda j: [-j.created_at, j.job_id],
+                                   request.page_size, request.page_token)  # fmt: skip
+        return coordinator.ListJobsResponse(
+            jobs=[job_to_proto(j) for j in chunk], next_page_token=token
+        )
+
+    @rpc_handler
+    async def CancelJob(self, request, context):
+        job = await self.control.cancel_job(request.job_id, request.reason)
+        return coordinator.CancelJobResponse(job=job_to_proto(job))
+
+    # --- membership ----------------------------------------------------------------
+
+    @rpc_handler
+    async def RegisterNode(self, request, context):
+        role = ROLES_BACK.get(request.role)
+        if role is None or role is Role.COORDINATOR:
+            raise StalwartError(
+                ErrorKind.INVALID_ARGUMENT, "role must be PARAMSERVER, TRAINER, HEALTH or AGENT"
+            )
+        if not request.address or len(request.address) > 200:
+            raise StalwartError(
+                ErrorKind.INVALID_ARGUMENT,
+                "address (host:port, at most 200 characters) is required",
+            )
+        node_id = request.node_id or f"{role.value}-{_short_id()}"
+        check_key("node_id", node_id)
+        record = NodeRecord(node_id, role, request.address, standby=request.standby,
+                            labels=dict(request.labels), shard=request.shard)  # fmt: skip
+        node = await self.control.register(record)
+        return coordinator.RegisterNodeResponse(
+            node_id=node.node_id,
+            lease_ms=int(self.settings.node_lease_seconds * 1000),
+            heartbeat_interval_ms=int(self.settings.heartbeat_interval_seconds * 1000),
+            epoch=self.control.epoch,
+        )
+
+    @rpc_handler
+    async def Heartbeat(self, request, context):
+        step_time = (
+            request.telemetry.metrics.get("step_time_seconds")
+            if request.HasField("telemetry")
+            else None
+        )
+        d = await self.control.heartbeat(request.node_id, request.epoch, request.step, step_time)
+        return coordinator.HeartbeatResponse(
+            directive=coordinator.DIRECTIVE_DRAIN if d.draining else coordinator.DIRECTIVE_CONTINUE,
+            assignment=self._assignment(d),
+            epoch=self.control.epoch,
+            lease_expire_time=timestamp(d.node.lease_expires),
+        )
+
+    def _assignment(self, d: Directions) -> coordinator.Assignment | None:
+        if d.job is None or d.draining:
+            return None
+        return coordinator.Assignment(
+            job_id=d.job.job_id, spec=d.job.spec, slot=d.slot, step=d.job.step,
+            shard_map=self._shard_map(d.job.num_shards), standby=d.slot < 0,
+        )  # fmt: skip
+
+    def _shard_map(self, num_shards: int) -> coordinator.GetShardMapResponse:
+        members = self.control.members.nodes
+        groups = []
+        for shard in range(num_shards):
+            primary_id, epoch = self.control.groups.get(shard, ("", 0))
+            primary = members.get(primary_id)
+            backups = sorted(
+                n.address for n in members.values()
+                if n.role is Role.PARAMSERVER and n.shard == shard and n.leased and n.node_id != primary_id
+            )  # fmt: skip
+            groups.append(coordinator.ShardGroup(shard=shard, primary_address=primary.address if primary else "",
+                                                 backup_addresses=backups, epoch=epoch))  # fmt: skip
+        return coordinator.GetShardMapResponse(
+            shard_map=common.ShardMap(num_shards=num_shards), groups=groups
+        )
+
+    @rpc_handler
+    async def ListNodes(self, request, context):
+        self.control.require_leader()
+        wanted = ROLES_BACK.get(request.role)
+        items = [
+            n for n in self.control.members.nodes.values() if wanted is None or n.role is wanted
+        ]
+        chunk, token = paging.page(
+            items, lambda n: [n.node_id], request.page_size, request.page_token
+        )
+        holdings = self.control.holdings()
+        return coordinator.ListNodesResponse(
+            nodes=[self.control.node_proto(n, holdings) for n in chunk], next_page_token=token
+        )
+
+    @rpc_handler
+    async def DrainNode(self, request, context):
+        node = await self.control.drain_node(request.node_id, request.reason)
+        return coordinator.DrainNodeResponse(node=self.control.node_proto(node))
+
+    @rpc_handler
+    async def GetShardMap(self, request, context):
+        return self._shard_map(self.control.job(request.job_id).num_shards)
+
+    # --- the coordinator group -----------------------------------------------------
+
+    @rpc_handler
+    async def GetClusterStatus(self, request, context):
+        """Answered by every replica (standbys too), so a CLI can show the whole group."""
+        leading = self.control.epoch > 0 and self.control.leader.acting(time.monotonic())
+        if leading:
+            alive = sum(1 for n in self.control.members.nodes.values() if n.leased)
+            running = sum(1 for j in self.control.jobs.values() if j.state is JobState.RUNNING)
+        else:
+            alive, running = await self._counts_from_store()
+        leader = self.control.leader
+        return coordinator.GetClusterStatusResponse(
+            leader_id=leader.leader_id, leader_address=leader.leader_address, epoch=leader.epoch,
+            store_url=self.control.state.store.url, nodes_alive=alive, jobs_running=running,
+            is_leader=leading,
+        )  # fmt: skip
+
+    async def _counts_from_store(self) -> tuple[int, int]:
+        nodes, jobs = await asyncio.gather(self.control.io(self.control.state.nodes),
+                                           self.control.io(self.control.state.jobs))  # fmt: skip
+        alive = sum(
+            1
+            for n in nodes
+            if n.state in (coordinator.NODE_STATE_ALIVE, coordinator.NODE_STATE_DRAINING)
+        )
+        return alive, sum(1 for j in jobs if j.state == coordinator.JOB_STATE_RUNNING)
+
+    @rpc_handler
+    async def StepDown(self, request, context):
+        self.control.require_leader()
+        epoch = await self.election.step_down("StepDown requested", hold_off=True)
+        return coordinator.StepDownResponse(epoch=epoch)
+
+    @rpc_handler
+    async def WatchEvents(self, request, context):
+        self.control.require_leader()
+        queue = self.control.events.subscribe()  # before the replay: nothing falls between
+        try:
+            last = request.after_sequence
+            for event in await self.control.io(self.control.state.events, last):
+                if _matches(event, request.job_id):
+                    yield coordinator.WatchEventsResponse(event=event)
+                last = event.sequence
+            async for event in _live(queue, self.control):
+                if event.sequence > last and _matches(event, request.job_id):
+                    yield coordinator.WatchEventsResponse(event=event)
+        finally:
+            self.control.events.unsubscribe(queue)
+
+    # --- checkpoints: the catalog is read from the store ---------------------------
+
+    @rpc_handler
+    async def ListCheckpoints(self, request, context):
+        self.control.job(request.job_id)
+        manifests = await self.control.io(self._manifests, request.job_id)
+        chunk, token = paging.page(manifests, lambda m: [-m.step, m.checkpoint_id],
+                                   request.page_size, request.page_token)  # fmt: skip
+        return coordinator.ListCheckpointsResponse(checkpoints=chunk, next_page_token=token)
+
+    def _manifests(self, job_id: str) -> list[common.CheckpointManifest]:
+        store = self.control.state.store
+        out = []
+        for checkpoint_id in store.list_manifests(job_id):
+            manifest = common.CheckpointManifest()
+            manifest.ParseFromString(store.get_manifest(job_id, checkpoint_id))
+            out.append(manifest)
+        return out
+
+    @rpc_handler
+    async def GetCheckpoint(self, request, context):
+        return coordinator.GetCheckpointResponse(
+            checkpoint=await self._find_checkpoint(request.checkpoint_id)
+        )
+
+    async def _find_checkpoint(self, checkpoint_id: str) -> common.CheckpointManifest:
+        self.control.require_leader()
+        for job_id in list(self.control.jobs):
+            for manifest in await self.control.io(self._manifests, job_id):
+                if manifest.checkpoint_id == checkpoint_id:
+                    return manifest
+        raise StalwartError(ErrorKind.NOT_FOUND, f"no checkpoint {checkpoint_id!r}")
+
+    @rpc_handler
+    async def VerifyCheckpoint(self, request, context):
+        manifest = await self._find_checkpoint(request.checkpoint_id)
+        checked, problems = await self.control.io(self._verify, manifest)
+        if problems:
+            raise StalwartError(ErrorKind.CHECKSUM_MISMATCH, "; ".join(problems[:10]))
+        return coordinator.VerifyCheckpointResponse(ok=True, chunks_checked=checked)
+
+    def _verify(self, manifest: common.CheckpointManifest) -> tuple[int, list[str]]:
+        from stalwart.stores import crc32c
+
+        store, checked, problems = self.control.state.store, 0, []
+        for tensor in manifest.tensors:
+            for ref in tensor.chunks:
+                checked += 1
+                try:
+                    data = store.get_chunk(ref.hash, verify=True)
+                except StalwartError as exc:
+                    problems.append(f"{tensor.spec.name} chunk {ref.hash[:12]}: {exc.message}")
+                    continue
+                if crc32c(data) != ref.crc32c or len(data) != ref.size:
+                    problems.append(
+                        f"{tensor.spec.name} chunk {ref.hash[:12]}: CRC or size mismatch"
+                    )
+        return checked, problems
+
+    @rpc_handler
+    async def CreateCheckpoint(self, request, context):
+        self.control.job(request.job_id)
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "checkpoint orders are not implemented yet"
+        )
+
+    @rpc_handler
+    async def RestoreCheckpoint(self, request, context):
+        self.control.require_leader()
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "restore is not implemented yet")
+
+    @rpc_handler
+    async def DeleteCheckpoint(self, request, context):
+        self.control.require_leader()
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "checkpoint deletion is not implemented yet"
+        )
+
+
+def _matches(event: common.Event, job_id: str) -> bool:
+    return not job_id or event.job_id == job_id
+
+
+async def _live(queue: asyncio.Queue, control: Control):
+    """Live events until leadership ends (a None in the queue) or a deadline-free wait."""
+    while True:
+        try:
+            event = await asyncio.wait_for(queue.get(), WATCH_POLL_S)
+        except TimeoutError:
+            control.require_leader()  # ends the stream with NOT_LEADER if we were deposed
+            continue
+        if event is None:
+            control.require_leader()
+            raise StalwartError(
+                ErrorKind.UNAVAILABLE, "event stream fell behind: reconnect with after_sequence"
+            )
+        yield event
+
+
+def _short_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:8]

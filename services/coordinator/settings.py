@@ -1,0 +1,70 @@
+"""Settings of a coordinator replica (flags, ``STALWART_*`` env, defaults)."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from stalwart.settings import ServiceSettings
+
+
+class CoordinatorSettings(ServiceSettings):
+    store_url: str = "shm:///dev/shm/stalwart"
+    """Coordination store shared by every coordinator replica (shm://, redis://, ignite://)."""
+
+    store_prefix: str = ""
+    """Key prefix in the store, so several clusters can share one store."""
+
+    advertise_address: str = ""
+    """host:port other processes dial to reach this replica; default: the bound address."""
+
+    leader_ttl_seconds: float = Field(default=1.0, gt=0)
+    """TTL of the leader lease; a dead leader is replaced about this long after it dies."""
+
+    leader_renew_seconds: float = Field(default=0.25, gt=0)
+    """How often the leader renews its lease."""
+
+    leader_poll_seconds: float = Field(default=0.1, gt=0)
+    """How often a standby tries to take the lease."""
+
+    leader_margin_seconds: float = Field(default=0.2, ge=0)
+    """The leader stops acting this long before its lease could lapse in the store."""
+
+    node_lease_seconds: float = Field(default=1.0, gt=0)
+    """Lease granted to nodes; a node silent this long is declared dead."""
+
+    heartbeat_interval_seconds: float = Field(default=0.2, gt=0)
+    """Beat interval nodes are told to keep."""
+
+    tick_seconds: float = Field(default=0.1, gt=0)
+    """Period of the leader's control loop (lease expiry, placement)."""
+
+    paramserver_poll_seconds: float = Field(default=0.1, gt=0)
+    """How often the leader polls GetReplicaStatus of every paramserver."""
+
+    paramserver_unreachable_polls: int = Field(default=3, ge=0)
+    """Consecutive refused polls after which a paramserver is declared dead before its
+    lease ends (it has no process listening any more); 0 waits for the lease."""
+
+    store_timeout_seconds: float = Field(default=2.0, gt=0)
+    """Longest one store operation may take before it counts as failed."""
+
+    max_slots: int = Field(default=1024, ge=1)
+    """Most slots one job may ask for."""
+
+    max_steps: int = Field(default=10**9, ge=1)
+    """Most steps one job may ask for."""
+
+    events_kept: int = Field(default=10_000, ge=100)
+    """Events kept in the store for WatchEvents replay."""
+
+    @model_validator(mode="after")
+    def _check_timings(self) -> Self:
+        if self.leader_renew_seconds + self.leader_margin_seconds >= self.leader_ttl_seconds:
+            raise ValueError(
+                "leader_renew_seconds + leader_margin_seconds must be < leader_ttl_seconds"
+            )
+        if self.heartbeat_interval_seconds >= self.node_lease_seconds:
+            raise ValueError("heartbeat_interval_seconds must be < node_lease_seconds")
+        return self

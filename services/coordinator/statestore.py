@@ -1,0 +1,155 @@
+"""The coordinator's state in the coordination store, written only under its epoch.
+
+Keys (under an optional prefix, so several clusters can share one store):
+
+    coordinator/leader      the leader lease (fencing token = coordinator epoch)
+    coordinator/epoch       highest epoch that has taken over; only ever grows
+    jobs/<job_id>           serialized stalwart.v1.Job
+    nodes/<node_id>         serialized stalwart.v1.Node
+    groups/<shard>          JSON: recorded primary node id and epoch of a shard group
+    requests/<hash>         job id admitted for a CreateJob request id
+    events/<sequence>       serialized stalwart.v1.Event, the newest N kept
+
+Fencing: a new leader raises ``coordinator/epoch`` to its own epoch (CAS, never
+down) before it writes anything. Every later write first checks that the key
+still holds the writer's epoch, so a deposed leader that wakes up finds a
+higher one and is refused (:class:`Fenced`). The stores have no multi-key
+transactions; the remaining window (check, then write) is covered by the
+leader's local lease deadline, checked before every decision (see leader.py).
+
+Blocking: call these from a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from stalwart.api import common, coordinator
+from stalwart.stores import Store
+
+LEASE_NAME = "coordinator/leader"
+EPOCH_KEY = "coordinator/epoch"
+
+
+class Fenced(Exception):
+    """A newer coordinator epoch owns the store: this replica must stop acting."""
+
+    def __init__(self, mine: int, stored: int) -> None:
+        super().__init__(f"coordinator epoch {mine} is fenced by {stored}")
+        self.mine = mine
+        self.stored = stored
+
+
+class StateStore:
+    def __init__(self, store: Store, prefix: str = "") -> None:
+        self.store = store
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    @property
+    def lease_name(self) -> str:
+        return self.key(LEASE_NAME)
+
+    # --- fencing -------------------------------------------------------------------
+
+    def stored_epoch(self) -> int:
+        raw = self.store.kv_get(self.key(EPOCH_KEY))
+        return int(raw) if raw else 0
+
+    def take_over(self, epoch: int) -> None:
+        """Raise the stored epoch to ``epoch``; Fenced if a higher one is there already."""
+        key = self.key(EPOCH_KEY)
+        for _ in range(100):  # CAS loop: only contention from other takeovers
+            raw = self.store.kv_get(key)
+            stored = int(raw) if raw else 0
+            if stored > epoch:
+                raise Fenced(epoch, stored)
+            if stored == epoch or self.store.kv_cas(key, raw, str(epoch).encode()):
+                return
+        raise Fenced(epoch, self.stored_epoch())
+
+    def check(self, epoch: int) -> None:
+        stored = self.stored_epoch()
+        if stored != epoch:
+            raise Fenced(epoch, stored)
+
+    # --- fenced writes -------------------------------------------------------------
+
+    def put_job(self, epoch: int, job: coordinator.Job) -> None:
+        self.check(epoch)
+        self.store.kv_put(self.key(f"jobs/{job.job_id}"), job.SerializeToString())
+
+    def put_node(self, epoch: int, node: coordinator.Node) -> None:
+        self.check(epoch)
+        self.store.kv_put(self.key(f"nodes/{node.node_id}"), node.SerializeToString())
+
+    def put_group(self, epoch: int, shard: int, primary_id: str, group_epoch: int) -> None:
+        self.check(epoch)
+        value = json.dumps({"primary": primary_id, "epoch": group_epoch}).encode()
+        self.store.kv_put(self.key(f"groups/{shard}"), value)
+
+    def put_request(self, epoch: int, request_id: str, job_id: str) -> str:
+        """Remember which job a request admitted; returns the job id stored first."""
+        self.check(epoch)
+        key = self.key(f"requests/{_hash(request_id)}")
+        if self.store.kv_cas(key, None, job_id.encode()):
+            return job_id
+        return (self.store.kv_get(key) or job_id.encode()).decode()
+
+    def append_events(self, epoch: int, events: list[common.Event], keep: int) -> None:
+        self.check(epoch)
+        for event in events:
+            self.store.kv_put(self.key(f"events/{event.sequence:020d}"), event.SerializeToString())
+        if events and events[-1].sequence % 100 == 0:  # trim now and then, not every write
+            self._trim_events(events[-1].sequence - keep)
+
+    def _trim_events(self, below: int) -> None:
+        for key in self.store.kv_list(self.key("events/")):
+            if int(key.rsplit("/", 1)[1]) <= below:
+                self.store.kv_delete(key)
+
+    # --- reads ---------------------------------------------------------------------
+
+    def request_job(self, request_id: str) -> str | None:
+        raw = self.store.kv_get(self.key(f"requests/{_hash(request_id)}"))
+        return raw.decode() if raw else None
+
+    def jobs(self) -> list[coordinator.Job]:
+        return [_parse(coordinator.Job, v) for v in self.store.kv_list(self.key("jobs/")).values()]
+
+    def nodes(self) -> list[coordinator.Node]:
+        return [
+            _parse(coordinator.Node, v) for v in self.store.kv_list(self.key("nodes/")).values()
+        ]
+
+    def groups(self) -> dict[int, tuple[str, int]]:
+        out = {}
+        for key, value in self.store.kv_list(self.key("groups/")).items():
+            record = json.loads(value)
+            out[int(key.rsplit("/", 1)[1])] = (record["primary"], int(record["epoch"]))
+        return out
+
+    def events(self, after: int = 0) -> list[common.Event]:
+        items = self.store.kv_list(self.key("events/"))
+        out = [
+            _parse(common.Event, v) for k, v in items.items() if int(k.rsplit("/", 1)[1]) > after
+        ]
+        return sorted(out, key=lambda e: e.sequence)
+
+    def last_sequence(self) -> int:
+        keys = self.store.kv_list(self.key("events/"))
+        return max((int(k.rsplit("/", 1)[1]) for k in keys), default=0)
+
+
+def _hash(request_id: str) -> str:
+    # Request ids come from clients: hash them into the store's key alphabet.
+    return hashlib.sha256(request_id.encode()).hexdigest()[:40]
+
+
+def _parse(cls, raw: bytes):
+    msg = cls()
+    msg.ParseFromString(raw)
+    return msg

@@ -1,0 +1,474 @@
+"""Coordinator client: finds the leader among the replicas and follows it through failover.
+
+    async with CoordinatorClient(["127.0.0.1:7000", "127.0.0.1:7001"]) as c:
+        job = await c.create_job(spec)
+        async for event in c.watch_events(job_id=job.job_id):
+            ...
+
+Every call goes to the replica believed to lead. ``FAILED_PRECONDITION
+[NOT_LEADER]`` switches to the address in its ``leader`` metadata (or to the
+next replica when that is empty) and retries; ``UNAVAILABLE`` and
+``DEADLINE_EXCEEDED`` are retried against the next replica. Retries stop after
+``retry_for_s``, and every attempt has ``call_timeout_s``. Mutating calls carry
+a request id made once per call, so a retry is recognised by the server.
+Failures are raised as :class:`stalwart.errors.RpcError`.
+
+:class:`NodeSession` is the node side: register, then heartbeat in a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from stalwart.api import common, coordinator, coordinator_grpc
+from stalwart.channel import ChannelConfig, open_channel
+from stalwart.errors import ErrorKind, RpcError
+
+log = structlog.get_logger(__name__)
+
+# Errors after which the same call may go to another replica.
+_FOLLOW = {ErrorKind.NOT_LEADER, ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE_EXCEEDED}
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, RpcError) and exc.kind in _FOLLOW
+
+
+def _split(addresses: str | Sequence[str]) -> list[str]:
+    if isinstance(addresses, str):
+        addresses = addresses.split(",")
+    out = [a.strip() for a in addresses if a.strip()]
+    if not out:
+        raise ValueError("CoordinatorClient needs at least one address")
+    return out
+
+
+class CoordinatorClient:
+    """Typed, leader-following client of ``stalwart.v1.CoordinatorService`` (asyncio)."""
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        token: str | None = None,
+        *,
+        channel_config: ChannelConfig | None = None,
+        call_timeout_s: float = 5.0,
+        retry_for_s: float = 15.0,
+    ) -> None:
+        """``addresses``: the replicas, as a list or "host:port,host:port"; ``token``: bearer token."""
+        self.addresses = _split(addresses)
+        self.token = token
+        self.channel_config = channel_config
+        self.call_timeout_s = call_timeout_s
+        self.retry_for_s = retry_for_s
+        self.leader: str = self.addresses[0]
+        self.epoch = 0  # highest coordinator epoch seen in a response
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def __aenter__(self) -> CoordinatorClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
+        self._channels.clear()
+
+    def stub(self, address: str) -> coordinator_grpc.CoordinatorServiceStub:
+        if address not in self._channels:
+            self._channels[address] = open_channel(address, self.channel_config, self.token)
+        return coordinator_grpc.CoordinatorServiceStub(self._channels[address])
+
+    # --- following the leader ------------------------------------------------------
+
+    def _next_address(self, err: RpcError) -> None:
+        hint = err.metadata.get("leader", "") if err.kind is ErrorKind.NOT_LEADER else ""
+        if hint and hint != self.leader:
+            self.leader = hint
+            return
+        known = (
+            self.addresses + [self.leader] if self.leader not in self.addresses else self.addresses
+        )
+        self.leader = known[(known.index(self.leader) + 1) % len(known)]
+
+    async def _call(self, method: str, request: Any) -> Any:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_delay(self.retry_for_s),
+            wait=wait_exponential(multiplier=0.02, max=0.5),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._once(self.leader, method, request)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once(self, address: str, method: str, request: Any) -> Any:
+        try:
+            response = await getattr(self.stub(address), method)(
+                request, timeout=self.call_timeout_s
+            )
+        except grpc.RpcError as exc:
+            err = RpcError.from_grpc(exc)
+            if err.kind in _FOLLOW:
+                self._next_address(err)
+            raise err from None
+        self.epoch = max(self.epoch, getattr(response, "epoch", 0) or 0)
+        return response
+
+    # --- jobs ----------------------------------------------------------------------
+
+    async def create_job(
+        self, spec: coordinator.JobSpec, job_id: str = "", request_id: str | None = None
+    ) -> coordinator.Job:
+        """Admit a job; retrying with the same ``request_id`` returns the same job.
+
+        Raises RpcError INVALID_ARGUMENT (bad spec), ALREADY_EXISTS (job id taken),
+        RESOURCE_EXHAUSTED (over the limits)."""
+        request = coordinator.CreateJobRequest(
+            job_id=job_id, spec=spec, request_id=request_id or uuid.uuid4().hex
+        )
+        return (await self._call("CreateJob", request)).job
+
+    async def get_job(self, job_id: str) -> coordinator.Job:
+        """One job; RpcError NOT_FOUND if there is none."""
+        return (await self._call("GetJob", coordinator.GetJobRequest(job_id=job_id))).job
+
+    async def list_jobs(
+        self,
+        page_size: int = 0,
+        page_token: str = "",
+        state: int = coordinator.JOB_STATE_UNSPECIFIED,
+    ) -> coordinator.ListJobsResponse:
+        """One page of jobs, newest first; ``state`` filters (a JOB_STATE_* value)."""
+        request = coordinator.ListJobsRequest(
+            page_size=page_size, page_token=page_token, state=state
+        )
+        return await self._call("ListJobs", request)
+
+    async def all_jobs(
+        self, state: int = coordinator.JOB_STATE_UNSPECIFIED
+    ) -> list[coordinator.Job]:
+        """Every job, newest first, page after page."""
+        return await _all_pages(lambda token: self.list_jobs(0, token, state), "jobs")
+
+    async def cancel_job(
+        self, job_id: str, reason: str = "", request_id: str | None = None
+    ) -> coordinator.Job:
+        """Cancel a job (a finished job is returned unchanged)."""
+        request = coordinator.CancelJobRequest(
+            job_id=job_id, reason=reason, request_id=request_id or uuid.uuid4().hex
+        )
+        return (await self._call("CancelJob", request)).job
+
+    # --- nodes ---------------------------------------------------------------------
+
+    async def register_node(
+        self,
+        role: int,
+        address: str,
+        *,
+        node_id: str = "",
+        standby: bool = False,
+        labels: Mapping[str, str] | None = None,
+        shard: int = 0,
+    ) -> coordinator.RegisterNodeResponse:
+        """Register a process (``role``: a common.NODE_ROLE_* value) and get its lease."""
+        request = coordinator.RegisterNodeRequest(
+            role=role, address=address, node_id=node_id, standby=standby,
+            labels=dict(labels or {}), shard=shard,
+        )  # fmt: skip
+        return await self._call("RegisterNode", request)
+
+    async def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        step: int = -1,
+        telemetry: coordinator.TelemetrySample | None = None,
+    ) -> coordinator.HeartbeatResponse:
+        """Renew a lease; RpcError NOT_FOUND [UNKNOWN_NODE] means: register again."""
+        request = coordinator.HeartbeatRequest(node_id=node_id, epoch=epoch, step=step)
+        if telemetry is not None:
+            request.telemetry.CopyFrom(telemetry)
+        return await self._call("Heartbeat", request)
+
+    async def list_nodes(
+        self, page_size: int = 0, page_token: str = "", role: int = common.NODE_ROLE_UNSPECIFIED
+    ) -> coordinator.ListNodesResponse:
+        """One page of nodes by node id; ``role`` filters (a NODE_ROLE_* value)."""
+        request = coordinator.ListNodesRequest(
+            page_size=page_size, page_token=page_token, role=role
+        )
+        return await self._call("ListNodes", request)
+
+    async def all_nodes(self, role: int = common.NODE_ROLE_UNSPECIFIED) -> list[coordinator.Node]:
+        """Every node, page after page."""
+        return await _all_pages(lambda token: self.list_nodes(0, token, role), "nodes")
+
+    async def drain_node(
+        self, node_id: str, reason: str = "", request_id: str | None = None
+    ) -> coordinator.Node:
+        """Move a node's work to others, then give it no more; RpcError NOT_FOUND."""
+        request = coordinator.DrainNodeRequest(
+            node_id=node_id, reason=reason, request_id=request_id or uuid.uuid4().hex
+        )
+        return (await self._call("DrainNode", request)).node
+
+    async def get_shard_map(self, job_id: str) -> coordinator.GetShardMapResponse:
+        """A job's shard groups: primary, backups and epoch of each."""
+        return await self._call("GetShardMap", coordinator.GetShardMapRequest(job_id=job_id))
+
+    # --- the coordinator group -----------------------------------------------------
+
+    async def cluster_status(self) -> coordinator.GetClusterStatusResponse:
+        """The leader's view: leader, epoch, store, counts."""
+        return await self._call("GetClusterStatus", coordinator.GetClusterStatusRequest())
+
+    async def replica_status(self, address: str) -> coordinator.GetClusterStatusResponse:
+        """What one replica says of itself (``is_leader``) and of the leader; no following."""
+        try:
+            return await self.stub(address).GetClusterStatus(
+                coordinator.GetClusterStatusRequest(), timeout=self.call_timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise RpcError.from_grpc(exc) from None
+
+    async def step_down(self, request_id: str | None = None) -> int:
+        """Ask the leader to give up its lease; returns the epoch it held."""
+        request = coordinator.StepDownRequest(request_id=request_id or uuid.uuid4().hex)
+        return (await self._call("StepDown", request)).epoch
+
+    async def watch_events(
+        self, job_id: str = "", after_sequence: int = 0
+    ) -> AsyncIterator[common.Event]:
+        """Events after ``after_sequence``, then live ones, forever.
+
+        Follows the leader: when a stream ends (leader change, fell behind) it
+        reconnects and resumes after the last event it yielded. Ends only when
+        no replica answers for ``retry_for_s``."""
+        last = after_sequence
+        while True:
+            try:
+                async for event in self._stream_once(job_id, last):
+                    last = event.sequence
+                    yield event
+            except RpcError as err:
+                if not _retryable(err):
+                    raise
+            await self._await_leader()
+
+    async def _stream_once(self, job_id: str, after: int) -> AsyncIterator[common.Event]:
+        request = coordinator.WatchEventsRequest(job_id=job_id, after_sequence=after)
+        # A stream has no overall deadline: it lives as long as the watcher wants.
+        # The long timeout only satisfies the channel's rule that every call has one.
+        call = self.stub(self.leader).WatchEvents(request, timeout=365 * 24 * 3600.0)
+        try:
+            async for response in call:
+                yield response.event
+        except grpc.RpcError as exc:
+            err = RpcError.from_grpc(exc)
+            if err.kind in _FOLLOW:
+                self._next_address(err)
+            raise err from None
+        finally:
+            call.cancel()
+
+    async def _await_leader(self) -> None:
+        """Block (up to retry_for_s) until some replica answers as leader."""
+        async for attempt in AsyncRetrying(
+            stop=stop_after_delay(self.retry_for_s),
+            wait=wait_exponential(multiplier=0.02, max=0.5),
+            reraise=True,
+        ):
+            with attempt:
+                status = await self._once(
+                    self.leader, "GetClusterStatus", coordinator.GetClusterStatusRequest()
+                )
+                if not status.is_leader:
+                    if status.leader_address:
+                        self.leader = status.leader_address
+                    raise RpcError(grpc.StatusCode.UNAVAILABLE, "no leader yet")
+
+    # --- checkpoints ---------------------------------------------------------------
+
+    async def list_checkpoints(self, job_id: str, page_size: int = 0, page_token: str = ""):
+        """One page of a job's complete checkpoints, newest first."""
+        request = coordinator.ListCheckpointsRequest(
+            job_id=job_id, page_size=page_size, page_token=page_token
+        )
+        return await self._call("ListCheckpoints", request)
+
+    async def get_checkpoint(self, checkpoint_id: str) -> common.CheckpointManifest:
+        return (
+            await self._call(
+                "GetCheckpoint", coordinator.GetCheckpointRequest(checkpoint_id=checkpoint_id)
+            )
+        ).checkpoint
+
+    async def create_checkpoint(
+        self, job_id: str, request_id: str | None = None
+    ) -> common.CheckpointManifest:
+        request = coordinator.CreateCheckpointRequest(
+            job_id=job_id, request_id=request_id or uuid.uuid4().hex
+        )
+        return (await self._call("CreateCheckpoint", request)).checkpoint
+
+    async def verify_checkpoint(self, checkpoint_id: str) -> coordinator.VerifyCheckpointResponse:
+        """Read and check every chunk; RpcError DATA_LOSS when one is missing or corrupt."""
+        return await self._call(
+            "VerifyCheckpoint", coordinator.VerifyCheckpointRequest(checkpoint_id=checkpoint_id)
+        )
+
+    async def restore_checkpoint(
+        self, checkpoint_id: str, request_id: str | None = None
+    ) -> coordinator.Job:
+        request = coordinator.RestoreCheckpointRequest(
+            checkpoint_id=checkpoint_id, request_id=request_id or uuid.uuid4().hex
+        )
+        return (await self._call("RestoreCheckpoint", request)).job
+
+    async def delete_checkpoint(self, checkpoint_id: str) -> int:
+        """Delete a checkpoint; returns how many unreferenced chunks were collected."""
+        request = coordinator.DeleteCheckpointRequest(checkpoint_id=checkpoint_id)
+        return (await self._call("DeleteCheckpoint", request)).chunks_collected
+
+
+async def _all_pages(fetch: Callable[[str], Awaitable[Any]], field: str) -> list[Any]:
+    out, token = [], ""
+    for _ in range(100_000):  # a bound, not a limit anyone reaches
+        page = await fetch(token)
+        out.extend(getattr(page, field))
+        token = page.next_page_token
+        if not token:
+            break
+    return out
+
+
+# --- the node side ---------------------------------------------------------------------
+
+OnUpdate = Callable[[coordinator.HeartbeatResponse], Awaitable[None] | None]
+
+
+class NodeSession:
+    """A node's membership: register, heartbeat in a task, register again when told to.
+
+    Remembers the highest coordinator epoch it has seen and drops any response
+    from a lower one (a deposed leader's directives and assignments). Trainers,
+    paramservers and agents share it::
+
+        session = NodeSession(client, common.NODE_ROLE_TRAINER, my_address, standby=True)
+        await session.start()           # registered; beats until stop()
+        session.step = 41               # reported with the next beat
+        session.assignment              # latest accepted assignment (or None)
+    """
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        role: int,
+        address: str,
+        *,
+        node_id: str = "",
+        standby: bool = False,
+        labels: Mapping[str, str] | None = None,
+        shard: int = 0,
+        on_update: OnUpdate | None = None,
+        telemetry: Callable[[], Mapping[str, float]] | None = None,
+        register_timeout_s: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.role = role
+        self.address = address
+        self.node_id = node_id
+        self.standby = standby
+        self.labels = dict(labels or {})
+        self.shard = shard
+        self.on_update = on_update
+        self.telemetry = telemetry
+        self.register_timeout_s = register_timeout_s
+        self.epoch = 0
+        self.step = -1
+        self.interval_s = 0.2
+        self.lease_s = 1.0
+        self.directive = coordinator.DIRECTIVE_CONTINUE
+        self.assignment: coordinator.Assignment | None = None
+        self.dropped = 0  # responses ignored because they came from an older epoch
+        self._task: asyncio.Task | None = None
+
+    def accept(self, epoch: int) -> bool:
+        """Adopt ``epoch`` if it is the highest seen; False for a lower (deposed) one."""
+        if epoch < self.epoch:
+            self.dropped += 1
+            return False
+        self.epoch = epoch
+        return True
+
+    async def register(self) -> None:
+        """Register (or register again) until it succeeds or register_timeout_s passes."""
+        response = await asyncio.wait_for(
+            self.client.register_node(
+                self.role, self.address, node_id=self.node_id, standby=self.standby,
+                labels=self.labels, shard=self.shard,
+            ),
+            self.register_timeout_s,
+        )  # fmt: skip
+        self.node_id = response.node_id
+        self.interval_s = response.heartbeat_interval_ms / 1000 or self.interval_s
+        self.lease_s = response.lease_ms / 1000 or self.lease_s
+        self.accept(response.epoch)
+        log.info("registered with the coordinator", node=self.node_id, epoch=response.epoch)
+
+    async def start(self) -> None:
+        await self.register()
+        self._task = asyncio.create_task(self._beat_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def beat(self) -> coordinator.HeartbeatResponse | None:
+        """One heartbeat; returns the response if accepted, None if dropped."""
+        telemetry = None
+        if self.telemetry is not None:
+            telemetry = coordinator.TelemetrySample(
+                node_id=self.node_id, step=self.step, metrics=dict(self.telemetry())
+            )
+        try:
+            response = await self.client.heartbeat(self.node_id, self.epoch, self.step, telemetry)
+        except RpcError as err:
+            if err.kind is not ErrorKind.UNKNOWN_NODE:
+                raise
+            log.warning("lease lapsed; registering again", node=self.node_id)
+            self.assignment = None
+            await self.register()
+            return None
+        if not self.accept(response.epoch):
+            return None
+        self.directive = response.directive
+        self.assignment = response.assignment if response.HasField("assignment") else None
+        if self.on_update is not None:
+            result = self.on_update(response)
+            if asyncio.iscoroutine(result):
+                await result
+        return response
+
+    async def _beat_forever(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except (RpcError, TimeoutError) as err:
+                # The client already retried across replicas; keep beating.
+                log.warning("heartbeat failed", node=self.node_id, error=str(err))
+            await asyncio.sleep(self.interval_s)

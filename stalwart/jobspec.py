@@ -1,0 +1,132 @@
+"""Validation of job specs and optimizer specs, shared by the coordinator and paramservers.
+
+Every check raises :class:`StalwartError` ``INVALID_ARGUMENT`` (or ``LIMIT_EXCEEDED``
+for sizes over the limits) with a message naming the field, and never imports
+user code: a ``package.module:function`` model is checked for syntax only; the
+trainers import it from their own path.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from stalwart.api import common, coordinator
+from stalwart.errors import ErrorKind, StalwartError
+
+BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding"})
+BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_USER_MODEL = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _bad(message: str) -> StalwartError:
+    return StalwartError(ErrorKind.INVALID_ARGUMENT, message)
+
+
+def validate_optimizer(spec: common.OptimizerSpec) -> None:
+    """The optimizer kinds and hyper-parameter ranges the paramserver runs (torch.optim's)."""
+    kind = spec.kind
+    if kind not in (
+        common.OPTIMIZER_KIND_SGD,
+        common.OPTIMIZER_KIND_ADAM,
+        common.OPTIMIZER_KIND_ADAMW,
+    ):
+        raise _bad("optimizer: kind must be SGD, ADAM or ADAMW")
+    if not spec.lr > 0 or math.isinf(spec.lr):  # NaN fails the comparison
+        raise _bad(f"optimizer: lr must be > 0, got {spec.lr}")
+    if not spec.weight_decay >= 0:
+        raise _bad(f"optimizer: weight_decay must be >= 0, got {spec.weight_decay}")
+    if kind == common.OPTIMIZER_KIND_SGD:
+        _check_sgd(spec)
+    else:
+        _check_adam(spec)
+
+
+def _check_sgd(spec: common.OptimizerSpec) -> None:
+    if not 0 <= spec.momentum < 1:
+        raise _bad(f"optimizer: momentum must be in [0, 1), got {spec.momentum}")
+    if not 0 <= spec.dampening <= 1:
+        raise _bad(f"optimizer: dampening must be in [0, 1], got {spec.dampening}")
+    if spec.nesterov and (spec.momentum <= 0 or spec.dampening != 0):
+        raise _bad("optimizer: nesterov needs momentum > 0 and dampening 0")
+    if spec.beta1 or spec.beta2 or spec.eps:
+        raise _bad("optimizer: beta1, beta2 and eps do not apply to SGD")
+
+
+def _check_adam(spec: common.OptimizerSpec) -> None:
+    for name in ("beta1", "beta2"):
+        value = getattr(spec, name)
+        if not 0 <= value < 1:
+            raise _bad(f"optimizer: {name} must be in [0, 1), got {value}")
+    if not spec.eps >= 0:
+        raise _bad(f"optimizer: eps must be >= 0, got {spec.eps}")
+    if spec.momentum or spec.dampening or spec.nesterov:
+        raise _bad("optimizer: momentum, dampening and nesterov do not apply to Adam")
+
+
+def validate_model_name(model: str) -> None:
+    """A built-in model name, or ``package.module:function`` (syntax only)."""
+    if model in BUILTIN_MODELS or _USER_MODEL.fullmatch(model):
+        return
+    known = ", ".join(sorted(BUILTIN_MODELS))
+    raise _bad(f"unknown model {model[:100]!r}: use one of {known} or 'package.module:function'")
+
+
+def validate_job_id(job_id: str) -> None:
+    if job_id and not _JOB_ID.fullmatch(job_id):
+        raise _bad(
+            "job_id must be 1-63 characters of A-Z a-z 0-9 . _ - starting with a letter or digit"
+        )
+
+
+def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> None:
+    """Everything a coordinator checks before admitting a job."""
+    validate_model_name(spec.model)
+    user_model = ":" in spec.model
+    if not user_model and spec.dataset not in BUILTIN_DATASETS:
+        raise _bad(f"unknown dataset {spec.dataset[:100]!r} for built-in model {spec.model!r}")
+    _check_counts(spec, max_slots, max_steps)
+    validate_optimizer(spec.optimizer)
+    _check_consistency(spec.consistency)
+    if not 0 <= spec.duplicate_compute_rate <= 1:
+        raise _bad(f"duplicate_compute_rate must be in [0, 1], got {spec.duplicate_compute_rate}")
+
+
+def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> None:
+    if spec.num_slots < 1:
+        raise _bad(f"num_slots must be >= 1, got {spec.num_slots}")
+    if spec.steps < 1:
+        raise _bad(f"steps must be >= 1, got {spec.steps}")
+    if spec.batch_size < 1:
+        raise _bad(f"batch_size must be >= 1, got {spec.batch_size}")
+    if spec.num_shards < 0 or spec.checkpoint_interval < 0:
+        raise _bad("num_shards and checkpoint_interval must be >= 0")
+    if spec.num_slots > max_slots:
+        raise StalwartError(
+            ErrorKind.LIMIT_EXCEEDED, f"num_slots {spec.num_slots} > limit {max_slots}"
+        )
+    if spec.steps > max_steps:
+        raise StalwartError(ErrorKind.LIMIT_EXCEEDED, f"steps {spec.steps} > limit {max_steps}")
+
+
+def _check_consistency(spec: common.ConsistencySpec) -> None:
+    if spec.mode not in (
+        common.CONSISTENCY_MODE_SYNC,
+        common.CONSISTENCY_MODE_ASYNC,
+        common.CONSISTENCY_MODE_SSP,
+    ):
+        raise _bad("consistency.mode must be SYNC, ASYNC or SSP")
+    if spec.mode == common.CONSISTENCY_MODE_SSP and spec.staleness < 0:
+        raise _bad("consistency.staleness must be >= 0 in SSP mode")
+
+
+def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
+    """A copy with the documented defaults filled in (SYNC mode when unspecified)."""
+    out = coordinator.JobSpec()
+    out.CopyFrom(spec)
+    if out.consistency.mode == common.CONSISTENCY_MODE_UNSPECIFIED:
+        out.consistency.mode = common.CONSISTENCY_MODE_SYNC
+    return out
