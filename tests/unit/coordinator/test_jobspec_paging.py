@@ -1,0 +1,68 @@
+"""Job-spec validation (stalwart.jobspec) and page tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.coordinator import paging
+from stalwart import jobspec
+from stalwart.api import common, coordinator
+from stalwart.errors import ErrorKind, StalwartError
+
+
+def spec(**changes) -> coordinator.JobSpec:
+    s = coordinator.JobSpec(model="digits-cnn", num_slots=2, steps=10, batch_size=8,
+                            optimizer=common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.1))  # fmt: skip
+    for name, value in changes.items():
+        if name.startswith("opt_"):
+            setattr(s.optimizer, name[4:], value)
+        else:
+            setattr(s, name, value)
+    return jobspec.normalized(s)
+
+
+@pytest.mark.parametrize(
+    ("changes", "kind", "words"),
+    [
+        ({"model": "resnet9000"}, ErrorKind.INVALID_ARGUMENT, "unknown model"),
+        ({"model": "my pkg:f"}, ErrorKind.INVALID_ARGUMENT, "unknown model"),
+        ({"num_slots": 0}, ErrorKind.INVALID_ARGUMENT, "num_slots"),
+        ({"steps": 0}, ErrorKind.INVALID_ARGUMENT, "steps"),
+        ({"batch_size": 0}, ErrorKind.INVALID_ARGUMENT, "batch_size"),
+        ({"opt_lr": 0.0}, ErrorKind.INVALID_ARGUMENT, "lr"),
+        ({"opt_lr": float("nan")}, ErrorKind.INVALID_ARGUMENT, "lr"),
+        ({"opt_momentum": 1.0}, ErrorKind.INVALID_ARGUMENT, "momentum"),
+        ({"opt_beta1": 0.9}, ErrorKind.INVALID_ARGUMENT, "do not apply to SGD"),
+        ({"duplicate_compute_rate": 1.5}, ErrorKind.INVALID_ARGUMENT, "duplicate_compute_rate"),
+        ({"num_slots": 5000}, ErrorKind.LIMIT_EXCEEDED, "limit"),
+        ({"dataset": "imagenet"}, ErrorKind.INVALID_ARGUMENT, "dataset"),
+    ],
+)
+def test_bad_specs(changes, kind, words):
+    with pytest.raises(StalwartError) as info:
+        jobspec.validate_job_spec(spec(**changes), max_slots=1024, max_steps=10**9)
+    assert info.value.kind is kind and words in info.value.message
+
+
+@pytest.mark.parametrize("model", ["digits-cnn", "mlp", "embedding", "mypkg.models:build", "m:f"])
+def test_good_specs(model):
+    s = spec(model=model)
+    jobspec.validate_job_spec(s, 1024, 10**9)
+    assert s.consistency.mode == common.CONSISTENCY_MODE_SYNC  # the default filled in
+
+
+def test_pages_cover_everything_once_even_with_inserts():
+    items = list(range(25))
+    seen, token = [], ""
+    while True:
+        chunk, token = paging.page(items, lambda i: [i], 10, token)
+        seen += chunk
+        items.append(-1)  # sorts first: must not shift later pages
+        if not token:
+            break
+    assert seen == list(range(25))
+
+
+def test_bad_token():
+    with pytest.raises(StalwartError):
+        paging.page([1], lambda i: [i], 10, "not-base64!!")

@@ -1,0 +1,89 @@
+"""Leases, expiry and drain decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.coordinator import drain
+from services.coordinator.membership import Membership, NodeRecord, NodeState, Role, UnknownNode
+
+
+def members(*ids: str, now: float = 0.0) -> Membership:
+    m = Membership(lease_s=1.0)
+    for node_id in ids:
+        m.register(NodeRecord(node_id, Role.TRAINER, "x:1"), now)
+    return m
+
+
+@pytest.mark.parametrize(
+    ("beats", "now", "dead"),
+    [
+        ({}, 0.99, []),
+        ({}, 1.0, ["a", "b"]),  # the lease ends at exactly registered + lease
+        ({"a": 0.5}, 1.2, ["b"]),
+        ({"a": 0.5, "b": 0.9}, 1.49, []),
+        ({"a": 0.5, "b": 0.9}, 1.9, ["a", "b"]),
+    ],
+)
+def test_expire(beats, now, dead):
+    m = members("a", "b")
+    for node_id, t in beats.items():
+        m.heartbeat(node_id, t)
+    assert [n.node_id for n in m.expire(now)] == dead
+    assert m.expire(now) == []  # declared once
+
+
+def test_dead_node_must_register_again():
+    m = members("a")
+    m.expire(5.0)
+    with pytest.raises(UnknownNode):
+        m.heartbeat("a", 5.1)
+    with pytest.raises(UnknownNode):
+        m.heartbeat("nobody", 5.1)
+    m.register(NodeRecord("a", Role.TRAINER, "x:2"), 6.0)
+    assert m.heartbeat("a", 6.5).state is NodeState.ALIVE
+
+
+def test_refresh_all_after_leader_change():
+    m = members("a", now=0.0)
+    m.refresh_all(10.0)
+    assert m.expire(10.5) == []
+
+
+def test_step_time_ema():
+    m = members("a")
+    m.heartbeat("a", 0.1, step=1, step_time=1.0)
+    m.heartbeat("a", 0.2, step=2, step_time=2.0)
+    assert m.nodes["a"].step_time_ema == pytest.approx(1.3)
+    assert m.nodes["a"].last_step == 2
+
+
+@pytest.mark.parametrize(
+    ("state", "decision"),
+    [
+        (NodeState.ALIVE, drain.DrainDecision.START),
+        (NodeState.DRAINING, drain.DrainDecision.ALREADY),
+        (NodeState.DRAINED, drain.DrainDecision.ALREADY),
+        (NodeState.DEAD, drain.DrainDecision.REFUSE),
+        (NodeState.QUARANTINED, drain.DrainDecision.REFUSE),
+    ],
+)
+def test_decide_drain(state, decision):
+    assert drain.decide_drain(state) is decision
+
+
+@pytest.mark.parametrize(
+    ("state", "holds", "drained"),
+    [
+        (NodeState.DRAINING, False, True),
+        (NodeState.DRAINING, True, False),
+        (NodeState.ALIVE, False, False),
+    ],
+)
+def test_is_drained(state, holds, drained):
+    assert drain.is_drained(state, holds) is drained
+
+
+@pytest.mark.parametrize(("score", "expected"), [(0.9, False), (0.3, True)])
+def test_health_drain(score, expected):
+    assert drain.should_drain_for_health(NodeState.ALIVE, score, 0.5) is expected

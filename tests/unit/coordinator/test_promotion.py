@@ -1,0 +1,82 @@
+"""Which paramserver backup is promoted, under which epoch; which replicas become backups."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.coordinator.promotion import AddBackup, GroupLost, Promote, ReplicaView, decide
+
+
+def r(node_id, role, *, alive=True, epoch=1, version=0, backups=()):
+    return ReplicaView(node_id, f"{node_id}:1", alive, role, epoch, {"j": version}, tuple(backups))
+
+
+@pytest.mark.parametrize(
+    ("group", "primary_id", "expected"),
+    [
+        # live primary with every replica as backup: nothing to do
+        ([r("p", "primary", backups=["b:1"]), r("b", "backup")], "p", []),
+        # dead primary: the backup with the highest version wins, epoch = max seen + 1
+        (
+            [
+                r("p", "primary", alive=False, epoch=3),
+                r("b1", "backup", version=7),
+                r("b2", "backup", version=9),
+            ],
+            "p",
+            [Promote("b2", "b2:1", 4, ("b1:1",))],
+        ),
+        # equal versions: the higher epoch, then node id, decides (deterministic)
+        (
+            [
+                r("p", "primary", alive=False),
+                r("b1", "backup", version=5),
+                r("b2", "backup", version=5),
+            ],
+            "p",
+            [Promote("b2", "b2:1", 2, ("b1:1",))],
+        ),
+        # the dead primary's epoch counts even if backups saw less
+        (
+            [r("p", "primary", alive=False, epoch=5), r("b", "backup", epoch=2)],
+            "p",
+            [Promote("b", "b:1", 6, ())],
+        ),
+        # dead backups are neither candidates nor backups of the new primary
+        (
+            [
+                r("p", "primary", alive=False),
+                r("b1", "backup", alive=False, version=99),
+                r("b2", "backup", version=1),
+            ],
+            "p",
+            [Promote("b2", "b2:1", 2, ())],
+        ),
+        # nobody left
+        (
+            [r("p", "primary", alive=False), r("b", "backup", alive=False)],
+            "p",
+            [GroupLost("primary dead and no live backup")],
+        ),
+        # no primary known yet (replicas still starting): never promote blindly
+        ([r("b", "backup")], "", []),
+        # recorded primary alive but not polled as primary yet: wait
+        ([r("p", ""), r("b", "backup")], "p", []),
+        # a replica that came back is added to the primary's backups
+        (
+            [r("p", "primary", epoch=4, backups=["b:1"]), r("b", "backup"), r("n", "backup")],
+            "p",
+            [AddBackup("p:1", "n:1", 4, ("b:1", "n:1"))],
+        ),
+        # a restarted old primary (lower epoch) is turned into a backup
+        (
+            [r("p2", "primary", epoch=4), r("p1", "primary", epoch=1)],
+            "p2",
+            [AddBackup("p2:1", "p1:1", 4, ("p1:1",))],
+        ),
+        # another live primary already took over (a previous leader promoted it)
+        ([r("p", "primary", alive=False), r("b", "primary", epoch=2)], "p", []),
+    ],
+)
+def test_decide(group, primary_id, expected):
+    assert decide(group, primary_id) == expected
