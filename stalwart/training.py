@@ -1,0 +1,127 @@
+"""How a slot's gradient is computed, and the plain loop every distributed run must equal.
+
+:func:`compute_gradients` is what trainers run; :func:`reference_run` is a
+single-process torch loop doing the same arithmetic in the same order as the
+paramserver (each slot's gradient, summed in slot order, then
+``torch.optim.<Opt>(foreach=False)`` built by :func:`stalwart.optim.build`).
+A sync-mode job with the same spec must end bitwise equal to it, whatever
+failed on the way (DESIGN.md invariant 4).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from stalwart import optim
+from stalwart.api import coordinator
+from stalwart.models import Task, resolve
+
+
+def make_deterministic(threads: int = 1) -> None:
+    """Deterministic kernels and a fixed thread count, before any gradient is computed.
+
+    One intra-op thread keeps CPU reductions in one order; cuBLAS needs a fixed
+    workspace to be deterministic (it reads the variable when CUDA starts).
+    ``warn_only``: an op with no deterministic kernel warns instead of failing the
+    job, and the bitwise tests would catch any difference it makes.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
+@dataclass(frozen=True)
+class StepResult:
+    grads: dict[str, torch.Tensor]
+    loss: float
+    examples: int
+
+    def grad_norm(self) -> float:
+        total = sum(float(g.double().pow(2).sum()) for g in self.grads.values())
+        return total**0.5
+
+
+def compute_step(
+    task: Task, model: torch.nn.Module, slot: int, step: int, spec: coordinator.JobSpec
+) -> StepResult:
+    """One slot's gradient for one step from the model's current weights, on CPU.
+
+    Every parameter gets a gradient (zeros where the loss does not reach it), so
+    the paramserver and the reference loop step exactly the same tensors.
+    """
+    device = next(model.parameters()).device
+    x, y = task.batch(spec.seed, slot, step, spec.batch_size)
+    model.zero_grad(set_to_none=True)
+    loss = task.loss(model, x.to(device), y.to(device))
+    loss.backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        grads[name] = g.detach().to("cpu", copy=True).contiguous()
+    model.zero_grad(set_to_none=True)
+    return StepResult(grads, float(loss.detach()), len(y))
+
+
+def compute_gradients(
+    task: Task, model: torch.nn.Module, slot: int, step: int, spec: coordinator.JobSpec
+) -> dict[str, torch.Tensor]:
+    """``{parameter name: gradient}`` of slot ``slot`` at step ``step`` (CPU tensors)."""
+    return compute_step(task, model, slot, step, spec).grads
+
+
+def sum_in_slot_order(per_slot: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """g0.clone(); g0 += g1; ... — the paramserver's order, so the rounding is the same."""
+    total = {name: g.clone() for name, g in per_slot[0].items()}
+    for grads in per_slot[1:]:
+        for name, g in grads.items():
+            total[name] += g
+    return total
+
+
+def initial_params(task: Task, seed: int) -> dict[str, torch.Tensor]:
+    """The seeded initial weights as registered on the paramservers."""
+    model = task.build_model(seed)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def load_params(model: torch.nn.Module, params: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``params`` into the model's parameters in place (bitwise, any device)."""
+    own = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in params.items():
+            own[name].copy_(value)
+
+
+def reference_run(
+    spec: coordinator.JobSpec, steps: int | None = None, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Train ``steps`` (default ``spec.steps``) sync steps in one process; CPU weights."""
+    task = resolve(spec)
+    model = task.build_model(spec.seed).to(device)
+    # The optimizer owns separate CPU tensors, as the paramserver does; the model
+    # only ever sees copies of them.
+    params = initial_params(task, spec.seed)
+    optimizer = optim.build(spec.optimizer, list(params.values()))
+    for step in range(spec.steps if steps is None else steps):
+        load_params(model, params)
+        per_slot = [compute_gradients(task, model, k, step, spec) for k in range(spec.num_slots)]
+        summed = sum_in_slot_order(per_slot)
+        for name, p in params.items():
+            p.grad = summed[name]
+        optimizer.step()
+        for p in params.values():
+            p.grad = None
+    return params
+
+
+def evaluate(spec: coordinator.JobSpec, params: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Held-out metrics of the task's model carrying ``params``."""
+    task = resolve(spec)
+    model = task.build_model(spec.seed)
+    load_params(model, params)
+    return task.evaluate(model)
