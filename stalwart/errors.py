@@ -36,6 +36,7 @@ class ErrorKind(enum.Enum):
     BAD_STREAM = (grpc.StatusCode.INVALID_ARGUMENT, "BAD_STREAM")
     LIMIT_EXCEEDED = (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED")
     CHECKSUM_MISMATCH = (grpc.StatusCode.DATA_LOSS, "CHECKSUM_MISMATCH")
+    DATA_LOSS = (grpc.StatusCode.DATA_LOSS, "DATA_LOSS")  # stored data missing or unreadable
     UNKNOWN_JOB = (grpc.StatusCode.NOT_FOUND, "UNKNOWN_JOB")
     UNKNOWN_NODE = (grpc.StatusCode.NOT_FOUND, "UNKNOWN_NODE")
     NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")

@@ -1,0 +1,633 @@
+"""Checkpoints in a store: content-addressed chunks first, the manifest last.
+
+A checkpoint is a set of named tensors cut into chunks (4 MiB by default).
+Each chunk is stored under the SHA-256 of its bytes and listed in the manifest
+with its size and CRC32C. Writing skips chunks the store already holds or the
+parent checkpoint lists, so a delta checkpoint costs only the chunks that
+changed. The manifest is published last and atomically (the store's
+guarantee), after checking every chunk it lists is there: a checkpoint is
+complete or invisible (DESIGN.md invariant 5). Reading checks every chunk's
+size, CRC32C and SHA-256 before a byte of it is used; a missing or corrupt
+chunk raises DATA_LOSS naming it.
+
+Blocking code: call it from a worker thread, never on an event loop.
+Decisions (which checkpoints to keep, which chunks are garbage, which
+checkpoints go to the durable tier) live in :mod:`stalwart.retention`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import structlog
+import torch
+from google.protobuf import message as pb_message
+from google.protobuf import timestamp_pb2
+from prometheus_client import Counter
+
+from stalwart import codec
+from stalwart.api import common
+from stalwart.errors import ErrorKind, StalwartError
+from stalwart.retention import CheckpointInfo, RetentionPolicy, newest_first, unreferenced_chunks
+from stalwart.stores import Store, crc32c, open_store
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+MIN_CHUNK_BYTES = 4 * 1024
+MAX_CHUNK_BYTES = 256 * 1024 * 1024  # stores refuse values over 512 MiB
+KIND_PARAM = "param"
+# Chunks in flight per transfer: enough to overlap hashing with store I/O on
+# two cores, few enough that memory stays at a handful of chunks.
+DEFAULT_WORKERS = 2
+
+CORRUPT_CHECKPOINTS = Counter(
+    "stalwart_checkpoints_corrupt_total",
+    "Checkpoints skipped because a chunk was missing or corrupt, or the manifest unreadable.",
+)
+CHUNKS_WRITTEN = Counter("stalwart_checkpoint_chunks_written_total", "Checkpoint chunks stored.")
+CHUNKS_REUSED = Counter(
+    "stalwart_checkpoint_chunks_reused_total",
+    "Checkpoint chunks not written because the store or the parent already held them.",
+)
+
+
+# --- writing ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorItem:
+    """One tensor to checkpoint. ``kind`` is "param" or the optimizer state name."""
+
+    name: str
+    tensor: torch.Tensor
+    kind: str = KIND_PARAM
+    shard: int = 0
+
+
+@dataclass
+class WriteStats:
+    """What one write cost: every chunk counted once per reference."""
+
+    total_chunks: int = 0
+    written_chunks: int = 0
+    total_bytes: int = 0
+    written_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def reused_chunks(self) -> int:
+        return self.total_chunks - self.written_chunks
+
+    @property
+    def size_ratio(self) -> float:
+        """Full size over written size: how much smaller than a full checkpoint."""
+        return self.total_bytes / self.written_bytes if self.written_bytes else float("inf")
+
+
+def check_chunk_bytes(chunk_bytes: int) -> int:
+    chunk_bytes = chunk_bytes or DEFAULT_CHUNK_BYTES
+    if not MIN_CHUNK_BYTES <= chunk_bytes <= MAX_CHUNK_BYTES:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"chunk size must be in [{MIN_CHUNK_BYTES}, {MAX_CHUNK_BYTES}] bytes, got {chunk_bytes}",
+        )
+    return chunk_bytes
+
+
+def write_tensors(
+    store: Store,
+    items: Sequence[TensorItem],
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    skip: Collection[str] = (),
+    workers: int = DEFAULT_WORKERS,
+    before_put: Callable[[str], None] | None = None,
+) -> tuple[list[common.CheckpointTensor], WriteStats]:
+    """Store the tensors' chunks; return their CheckpointTensors and the cost.
+
+    A chunk is not written when its hash is in ``skip`` (the parent's chunks:
+    no round trip needed), was written earlier in this call, or the store
+    already has it. The tensors must not change during the call: pass a
+    snapshot. ``before_put`` is called with each hash about to be written
+    (tests use it to slow an upload down).
+    """
+    chunk_bytes = check_chunk_bytes(chunk_bytes)
+    started = time.perf_counter()
+    stats = WriteStats()
+    claimed: set[str] = set(skip)
+    claim_lock = threading.Lock()
+
+    def store_piece(piece: memoryview) -> tuple[common.ChunkRef, bool]:
+        data = bytes(piece)
+        ref = common.ChunkRef(hash=hashlib.sha256(data).hexdigest(), size=len(data))
+        ref.crc32c = crc32c(data)
+        with claim_lock:  # identical chunks (zeroed state) are written once
+            if ref.hash in claimed:
+                return ref, False
+            claimed.add(ref.hash)
+        if store.has_chunk(ref.hash):
+            return ref, False
+        if before_put is not None:
+            before_put(ref.hash)
+        store.put_chunk(ref.hash, data)
+        return ref, True
+
+    out: list[common.CheckpointTensor] = []
+    views = [codec.byte_view(item.tensor) for item in items]
+    for item in items:
+        out.append(
+            common.CheckpointTensor(
+                spec=codec.spec_of(item.name, item.tensor), shard=item.shard, kind=item.kind
+            )
+        )
+    jobs = [
+        (index, view[offset : offset + chunk_bytes])
+        for index, view in enumerate(views)
+        for offset in range(0, len(view), chunk_bytes)
+    ]
+    results = _bounded_map(lambda job: store_piece(job[1]), jobs, workers)
+    for (index, _), (ref, written) in zip(jobs, results, strict=True):
+        out[index].chunks.append(ref)
+        stats.total_chunks += 1
+        stats.total_bytes += ref.size
+        if written:
+            stats.written_chunks += 1
+            stats.written_bytes += ref.size
+    stats.seconds = time.perf_counter() - started
+    CHUNKS_WRITTEN.inc(stats.written_chunks)
+    CHUNKS_REUSED.inc(stats.reused_chunks)
+    return out, stats
+
+
+def _bounded_map(fn, items: Sequence, workers: int) -> Iterator:
+    """``map(fn, items)`` in order on ``workers`` threads, at most 2x``workers`` in flight."""
+    if workers <= 1 or len(items) <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="checkpoint")
+    try:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def chunk_hashes(tensors: Iterable[common.CheckpointTensor]) -> set[str]:
+    return {ref.hash for t in tensors for ref in t.chunks}
+
+
+# --- manifests ----------------------------------------------------------------------
+
+
+def checkpoint_id_for(step: int) -> str:
+    """A checkpoint id that sorts by step as text too (store listings are sorted)."""
+    return f"step-{step:012d}"
+
+
+def build_manifest(
+    *,
+    job_id: str,
+    checkpoint_id: str,
+    step: int,
+    tensors: Sequence[common.CheckpointTensor],
+    shards: Sequence[common.ShardState] = (),
+    parent_id: str = "",
+    store_url: str = "",
+    written_bytes: int | None = None,
+    optimizer: common.OptimizerSpec | None = None,
+    consistency: common.ConsistencySpec | None = None,
+    num_slots: int = 0,
+    data_position: common.DataPosition | None = None,
+) -> common.CheckpointManifest:
+    """A manifest over the given tensors (from one or many shards)."""
+    total = sum(ref.size for t in tensors for ref in t.chunks)
+    manifest = common.CheckpointManifest(
+        checkpoint_id=checkpoint_id,
+        job_id=job_id,
+        step=step,
+        tensors=tensors,
+        parent_id=parent_id,
+        total_bytes=total,
+        written_bytes=total if written_bytes is None else written_bytes,
+        store_url=store_url,
+        num_slots=num_slots,
+        shards=sorted(shards, key=lambda s: s.shard),
+        data_position=data_position or common.DataPosition(step=step),
+    )
+    if optimizer is not None:
+        manifest.optimizer.CopyFrom(optimizer)
+    if consistency is not None:
+        manifest.consistency.CopyFrom(consistency)
+    now = timestamp_pb2.Timestamp()
+    now.GetCurrentTime()
+    manifest.create_time.CopyFrom(now)
+    return manifest
+
+
+def publish(store: Store, manifest: common.CheckpointManifest) -> None:
+    """Make the checkpoint visible, after checking every chunk it lists is stored.
+
+    The check closes the gap between "chunks written" and "manifest visible":
+    a chunk removed meanwhile (garbage collection of a parent's chunks, a
+    store losing data) fails the publish instead of publishing a checkpoint
+    that cannot be read.
+    """
+    _check_structure(manifest)
+    missing = sorted(h for h in chunk_hashes(manifest.tensors) if not store.has_chunk(h))
+    if missing:
+        raise StalwartError(
+            ErrorKind.DATA_LOSS,
+            f"checkpoint {manifest.job_id}/{manifest.checkpoint_id} not published: "
+            f"{len(missing)} chunk(s) missing from {store.url}, first {missing[0]}",
+            chunk=missing[0],
+        )
+    store.publish_manifest(
+        manifest.job_id, manifest.checkpoint_id, manifest.SerializeToString(deterministic=True)
+    )
+
+
+def load_manifest(store: Store, job_id: str, checkpoint_id: str) -> common.CheckpointManifest:
+    """A published manifest; NOT_FOUND if none, DATA_LOSS if it does not parse or fit."""
+    data = store.get_manifest(job_id, checkpoint_id)
+    manifest = common.CheckpointManifest()
+    try:
+        manifest.ParseFromString(data)
+    except pb_message.DecodeError as exc:
+        raise StalwartError(
+            ErrorKind.DATA_LOSS, f"manifest {job_id}/{checkpoint_id} does not parse: {exc}"
+        ) from None
+    if (manifest.job_id, manifest.checkpoint_id) != (job_id, checkpoint_id):
+        raise StalwartError(
+            ErrorKind.DATA_LOSS,
+            f"manifest stored as {job_id}/{checkpoint_id} names "
+            f"{manifest.job_id}/{manifest.checkpoint_id}",
+        )
+    _check_structure(manifest)
+    return manifest
+
+
+def _check_structure(manifest: common.CheckpointManifest) -> None:
+    """Every tensor's chunks add up to its spec's size (the cheap half of verify)."""
+    seen = set()
+    for t in manifest.tensors:
+        key = (t.shard, t.spec.name)
+        if key in seen:
+            raise StalwartError(
+                ErrorKind.DATA_LOSS, f"tensor {t.spec.name} of shard {t.shard} listed twice"
+            )
+        seen.add(key)
+        expected = codec.tensor_nbytes(t.spec)
+        got = sum(ref.size for ref in t.chunks)
+        if got != expected:
+            raise StalwartError(
+                ErrorKind.DATA_LOSS,
+                f"tensor {t.spec.name} needs {expected} bytes, its chunks hold {got}",
+            )
+
+
+def info_of(manifest: common.CheckpointManifest) -> CheckpointInfo:
+    return CheckpointInfo(
+        manifest.checkpoint_id, manifest.step, manifest.create_time.ToNanoseconds()
+    )
+
+
+# --- reading ------------------------------------------------------------------------
+
+
+@dataclass
+class ReadStats:
+    chunks: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+def fetch_chunk(store: Store, ref: common.ChunkRef, where: str = "") -> bytes:
+    """A chunk's bytes after checking size, CRC32C and SHA-256; DATA_LOSS otherwise."""
+    name = f"chunk {ref.hash}" + (f" ({where})" if where else "")
+    try:
+        data = store.get_chunk(ref.hash, verify=False)  # verified below, with the CRC too
+    except StalwartError as exc:
+        if exc.kind is ErrorKind.NOT_FOUND:
+            raise StalwartError(
+                ErrorKind.DATA_LOSS, f"{name} is missing from {store.url}", chunk=ref.hash
+            ) from None
+        raise
+    if len(data) != ref.size:
+        raise StalwartError(
+            ErrorKind.DATA_LOSS,
+            f"{name} holds {len(data)} bytes, the manifest says {ref.size}",
+            chunk=ref.hash,
+        )
+    if crc32c(data) != ref.crc32c:
+        raise StalwartError(
+            ErrorKind.CHECKSUM_MISMATCH, f"{name} failed its CRC32C in {store.url}", chunk=ref.hash
+        )
+    if hashlib.sha256(data).hexdigest() != ref.hash:
+        raise StalwartError(
+            ErrorKind.CHECKSUM_MISMATCH,
+            f"{name} does not match its SHA-256 in {store.url}",
+            chunk=ref.hash,
+        )
+    return data
+
+
+def read_tensors(
+    store: Store,
+    tensors: Sequence[common.CheckpointTensor],
+    *,
+    workers: int = DEFAULT_WORKERS,
+) -> tuple[dict[str, torch.Tensor], ReadStats]:
+    """Rebuild the tensors, every chunk verified; DATA_LOSS on the first bad one.
+
+    Nothing is returned unless every chunk checked out, so a caller that
+    installs the result only after this returns changes nothing on failure.
+    """
+    started = time.perf_counter()
+    for t in tensors:
+        _check_tensor(t)
+    out = {
+        t.spec.name: torch.empty(tuple(t.spec.shape), dtype=codec.DTYPES[t.spec.dtype])
+        for t in tensors
+    }
+    views = {name: memoryview(t.reshape(-1).view(torch.uint8).numpy()) for name, t in out.items()}
+    jobs = []
+    for t in tensors:
+        offset = 0
+        for i, ref in enumerate(t.chunks):
+            jobs.append((t.spec.name, offset, ref, f"#{i} of tensor {t.spec.name}"))
+            offset += ref.size
+    stats = ReadStats()
+    results = _bounded_map(lambda job: fetch_chunk(store, job[2], job[3]), jobs, workers)
+    for (name, offset, ref, _), data in zip(jobs, results, strict=True):
+        views[name][offset : offset + ref.size] = data
+        stats.chunks += 1
+        stats.bytes += ref.size
+    stats.seconds = time.perf_counter() - started
+    return out, stats
+
+
+def _check_tensor(t: common.CheckpointTensor) -> None:
+    if t.spec.dtype not in codec.DTYPES:
+        raise StalwartError(
+            ErrorKind.DATA_LOSS, f"tensor {t.spec.name} has unknown dtype {t.spec.dtype}"
+        )
+    expected = codec.tensor_nbytes(t.spec)
+    if sum(ref.size for ref in t.chunks) != expected:
+        raise StalwartError(
+            ErrorKind.DATA_LOSS, f"tensor {t.spec.name}: chunk sizes do not add up to {expected}"
+        )
+
+
+# --- verifying and choosing ---------------------------------------------------------
+
+
+@dataclass
+class VerifyReport:
+    checkpoint_id: str
+    ok: bool = True
+    chunks: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def verify(
+    store: Store, manifest: common.CheckpointManifest, *, workers: int = DEFAULT_WORKERS
+) -> VerifyReport:
+    """Read every distinct chunk the manifest lists and check size, CRC32C and hash."""
+    report = VerifyReport(manifest.checkpoint_id)
+    try:
+        _check_structure(manifest)
+    except StalwartError as exc:
+        report.ok = False
+        report.problems.append(exc.message)
+        return report
+    refs: dict[str, tuple[common.ChunkRef, str]] = {}
+    for t in manifest.tensors:
+        for i, ref in enumerate(t.chunks):
+            refs.setdefault(ref.hash, (ref, f"#{i} of tensor {t.spec.name}"))
+
+    def check(item: tuple[common.ChunkRef, str]) -> str:
+        try:
+            fetch_chunk(store, *item)
+        except StalwartError as exc:
+            if exc.kind.code is not ErrorKind.DATA_LOSS.code:
+                raise  # unreachable store: not a verdict on the checkpoint
+            return exc.message
+        return ""
+
+    for (ref, _), problem in zip(
+        refs.values(), _bounded_map(check, list(refs.values()), workers), strict=True
+    ):
+        report.chunks += 1
+        report.bytes += ref.size
+        if problem:
+            report.ok = False
+            report.problems.append(problem)
+    return report
+
+
+@dataclass
+class Choice:
+    """The newest checkpoint that verified (None if none did) and what was skipped."""
+
+    manifest: common.CheckpointManifest | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def list_checkpoints(
+    store: Store, job_id: str
+) -> tuple[list[common.CheckpointManifest], list[tuple[str, str]]]:
+    """A job's readable manifests, newest first, and (id, reason) for unreadable ones."""
+    manifests, unreadable = [], []
+    for checkpoint_id in store.list_manifests(job_id):
+        try:
+            manifests.append(load_manifest(store, job_id, checkpoint_id))
+        except StalwartError as exc:
+            if exc.kind is ErrorKind.NOT_FOUND:
+                continue  # deleted since the listing
+            if exc.kind.code is not ErrorKind.DATA_LOSS.code:
+                raise
+            unreadable.append((checkpoint_id, exc.message))
+    by_id = {m.checkpoint_id: m for m in manifests}
+    ordered = [by_id[i.checkpoint_id] for i in newest_first(info_of(m) for m in manifests)]
+    return ordered, unreadable
+
+
+def choose_newest_verified(store: Store, job_id: str, *, workers: int = DEFAULT_WORKERS) -> Choice:
+    """The newest checkpoint of ``job_id`` whose every chunk verifies.
+
+    Corrupt ones (unreadable manifest, missing or corrupt chunk) are skipped,
+    logged and counted in ``stalwart_checkpoints_corrupt_total``.
+    """
+    manifests, skipped = list_checkpoints(store, job_id)
+    choice = Choice(None, list(skipped))
+    for manifest in manifests:
+        report = verify(store, manifest, workers=workers)
+        if report.ok:
+            choice.manifest = manifest
+            break
+        choice.skipped.append((manifest.checkpoint_id, report.problems[0]))
+    for checkpoint_id, reason in choice.skipped:
+        CORRUPT_CHECKPOINTS.inc()
+        log.warning(
+            "corrupt checkpoint skipped", job=job_id, checkpoint=checkpoint_id, reason=reason
+        )
+    return choice
+
+
+# --- retention, garbage collection, tiering -----------------------------------------
+
+
+@dataclass
+class RetentionResult:
+    kept: list[str]
+    deleted_manifests: list[str]
+    deleted_chunks: int
+
+
+def apply_retention(
+    store: Store,
+    job_id: str,
+    keep: int,
+    *,
+    live_jobs: Iterable[str] = (),
+    pinned: Collection[str] = (),
+) -> RetentionResult:
+    """Keep the newest ``keep`` checkpoints of ``job_id``; delete the others and
+    the chunks only they referenced.
+
+    Chunks are content-addressed, so another job's checkpoints may share them:
+    pass in ``live_jobs`` every other job whose checkpoints live in this store.
+    Manifests go first, chunks after, so a crash in between leaves only
+    unreferenced chunks (swept by :func:`collect_garbage`), never a visible
+    checkpoint with missing chunks.
+    """
+    manifests, _ = list_checkpoints(store, job_id)
+    decision = RetentionPolicy(keep).decide((info_of(m) for m in manifests), pinned)
+    by_id = {m.checkpoint_id: m for m in manifests}
+    candidates: set[str] = set()
+    for checkpoint_id in decision.delete:
+        candidates |= chunk_hashes(by_id[checkpoint_id].tensors)
+        store.delete_manifest(job_id, checkpoint_id)
+    references = {c: chunk_hashes(by_id[c].tensors) for c in decision.keep}
+    references.update(_references(store, [j for j in live_jobs if j != job_id]))
+    garbage = unreferenced_chunks(candidates, references)
+    deleted = sum(store.delete_chunk(h) for h in garbage)
+    log.info(
+        "checkpoint retention",
+        job=job_id,
+        kept=len(decision.keep),
+        deleted_manifests=len(decision.delete),
+        deleted_chunks=deleted,
+    )
+    return RetentionResult(list(decision.keep), list(decision.delete), deleted)
+
+
+def collect_garbage(store: Store, jobs: Iterable[str], protect: Collection[str] = ()) -> int:
+    """Delete every stored chunk no manifest of ``jobs`` lists (e.g. the chunks of
+    an upload that died before publishing). ``jobs`` must name every job with
+    checkpoints in this store, and ``protect`` the chunks of uploads in
+    progress; returns the number of chunks deleted."""
+    garbage = unreferenced_chunks(store.list_chunks(), _references(store, jobs), protect)
+    return sum(store.delete_chunk(h) for h in garbage)
+
+
+def _references(store: Store, jobs: Iterable[str]) -> dict[str, set[str]]:
+    refs: dict[str, set[str]] = {}
+    for job in jobs:
+        manifests, unreadable = list_checkpoints(store, job)
+        if unreadable:
+            # we cannot know which chunks an unreadable manifest needs, so we
+            # cannot prove any chunk unreferenced: refuse rather than guess
+            raise StalwartError(
+                ErrorKind.DATA_LOSS,
+                f"manifest {job}/{unreadable[0][0]} is unreadable; garbage collection refused",
+            )
+        for m in manifests:
+            refs[f"{job}/{m.checkpoint_id}"] = chunk_hashes(m.tensors)
+    return refs
+
+
+def copy_checkpoint(
+    source: Store,
+    target: Store,
+    manifest: common.CheckpointManifest,
+    *,
+    workers: int = DEFAULT_WORKERS,
+) -> WriteStats:
+    """Copy a checkpoint to another store (the durable tier): the chunks the
+    target lacks, each verified on the way, then the manifest, last."""
+    started = time.perf_counter()
+    stats = WriteStats()
+    refs: dict[str, common.ChunkRef] = {}
+    for t in manifest.tensors:
+        for ref in t.chunks:
+            refs.setdefault(ref.hash, ref)
+            stats.total_chunks += 1
+            stats.total_bytes += ref.size
+
+    def copy(ref: common.ChunkRef) -> int:
+        if target.has_chunk(ref.hash):
+            return 0
+        target.put_chunk(ref.hash, fetch_chunk(source, ref))
+        return ref.size
+
+    for written in _bounded_map(copy, list(refs.values()), workers):
+        if written:
+            stats.written_chunks += 1
+            stats.written_bytes += written
+    copied = common.CheckpointManifest()
+    copied.CopyFrom(manifest)
+    copied.store_url = target.url
+    publish(target, copied)
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+# --- stores, opened once ------------------------------------------------------------
+
+
+class StorePool:
+    """Stores opened once per URL and shared (stores are thread-safe)."""
+
+    def __init__(self, opener: Callable[[str], Store] = open_store):
+        self._opener = opener
+        self._stores: dict[str, Store] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str) -> Store:
+        with self._lock:
+            store = self._stores.get(url)
+            if store is None:
+                # opened under the lock: two first callers must not both connect
+                store = self._stores[url] = self._opener(url)
+            return store
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._stores = list(self._stores.values()), {}
+        for store in stores:
+            store.close()
+
+
+def state_items(
+    tensors: Mapping[str, torch.Tensor], params: Collection[str], shard: int = 0
+) -> list[TensorItem]:
+    """Items for a model's state named as ``JobModel.state_tensors()`` names it:
+    parameters as "param", optimizer state ``<param>/<key>`` as kind ``<key>``."""
+    return [
+        TensorItem(name, t, KIND_PARAM if name in params else name.rpartition("/")[2], shard)
+        for name, t in tensors.items()
+    ]
