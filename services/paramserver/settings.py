@@ -38,5 +38,9 @@ class ParamServerSettings(ServiceSettings):
     max_tensor_elements: int = Field(default=1 << 31, ge=1)
     """Largest element count of one tensor."""
 
+    coordinator: str = ""
+    """Comma-separated host:port of the coordinator replicas to register with and
+    heartbeat to; empty runs the replica standalone (configured by its flags only)."""
+
     def backup_list(self) -> list[str]:
         return [b.strip() for b in self.backups.split(",") if b.strip()]
