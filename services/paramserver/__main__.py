@@ -8,6 +8,7 @@ import sys
 import torch
 
 from services.paramserver.replica import ReplicaState, Role
+from services.paramserver.registration import Registration
 from services.paramserver.replicator import Replicator
 from services.paramserver.servicer import ParamServer
 from services.paramserver.settings import ParamServerSettings
@@ -64,10 +65,15 @@ async def run(settings: ParamServerSettings) -> None:
     servicer.on_role_change = on_role_change
     await runner.start()
     resync = asyncio.create_task(servicer.resync_forever())
+    registration = Registration(settings, runner.address) if settings.coordinator else None
+    if registration is not None:
+        registration.start()
     try:
         await runner.wait()
     finally:
         resync.cancel()
+        if registration is not None:
+            await registration.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
