@@ -4,7 +4,7 @@
 //	stalwartctl jobs                        list jobs
 //	stalwartctl submit -model mlp -slots 2  admit a job
 //
-// Coordinators come from -coordinator or $STALWART_COORDINATORS (comma-separated
+// Coordinators come from -coordinator or $STALWART_COORDINATOR (comma-separated
 // host:port); the token from $STALWART_ADMIN_TOKEN. Output is a table, or JSON
 // with -o json (protobuf's JSON mapping, so it matches other languages').
 package main
@@ -35,7 +35,7 @@ const (
 
 func main() {
 	global := flag.NewFlagSet("stalwartctl", flag.ExitOnError)
-	addrs := global.String("coordinator", os.Getenv("STALWART_COORDINATORS"), "coordinator host:port list")
+	addrs := global.String("coordinator", os.Getenv("STALWART_COORDINATOR"), "coordinator host:port list")
 	output := global.String("o", "table", "output: table or json")
 	timeout := global.Duration("timeout", 10*time.Second, "deadline of each call")
 	global.Usage = func() {
