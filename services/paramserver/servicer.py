@@ -57,10 +57,22 @@ async def _off_loop(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
+async def _stream_ended() -> None:
+    """Call at the end of a request stream, before judging it incomplete.
+
+    A message over the server's size limit ends the stream for the handler as
+    if the client had half-closed, while gRPC itself answers RESOURCE_EXHAUSTED
+    and cancels the handler. Yielding once lets that cancellation land here, so
+    the call is not also refused, logged and counted as a truncated stream.
+    """
+    await asyncio.sleep(0)
+
+
 async def _first(request_iterator, field_name: str):
     try:
         first = await anext(aiter(request_iterator))
     except StopAsyncIteration:
+        await _stream_ended()
         raise StalwartError(ErrorKind.TRUNCATED_STREAM, "empty stream: no header") from None
     if first.WhichOneof("part") != "header":
         raise StalwartError(ErrorKind.BAD_STREAM, f"the first message must be the {field_name}")
@@ -75,6 +87,7 @@ async def _read_tensors(request_iterator, specs, limits, on_chunk=None) -> codec
         assembler.add(message.chunk)
         if on_chunk is not None:
             await on_chunk(message.chunk)
+    await _stream_ended()
     return assembler
 
 
@@ -424,6 +437,20 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             self._from_primary(request.epoch)
         deleted = self.jobs.pop(request.job_id, None) is not None
         return paramserver.DeleteModelResponse(deleted=deleted)
+
+    # --- checkpoints (services/paramserver/checkpointing.py) ----------------------
+
+    @rpc_handler
+    async def SaveCheckpoint(self, request, context):
+        from services.paramserver import checkpointing
+
+        return await checkpointing.save(self, request, context)
+
+    @rpc_handler
+    async def LoadCheckpoint(self, request, context):
+        from services.paramserver import checkpointing
+
+        return await checkpointing.load(self, request, context)
 
     # --- backup side -------------------------------------------------------------
 

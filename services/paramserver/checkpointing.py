@@ -1,0 +1,284 @@
+"""SaveCheckpoint / LoadCheckpoint for one replica, over :mod:`stalwart.checkpoint`.
+
+Save: wait for the job to reach the asked version, copy its state in memory
+under the job's lock (the only moment training is held: ``snapshot_seconds``),
+release the lock, and upload the copy from a worker thread while pushes go on.
+The answer is this shard's part of the manifest; whoever gathers every
+shard's part (the coordinator) publishes the manifest, so a checkpoint is
+visible only once all its chunks are stored.
+
+Load: read and verify every chunk of this shard first; only then replace the
+job's state, through the same path InstallState takes, and re-install it on
+the backups. A bad chunk answers DATA_LOSS with nothing changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+import torch
+
+from services.paramserver.job import Entry, JobModel
+from stalwart import checkpoint as ckpt
+from stalwart import codec
+from stalwart.api import common, paramserver
+from stalwart.errors import ErrorKind, StalwartError
+from stalwart.stores import parse_store_url
+
+if TYPE_CHECKING:
+    from services.paramserver.servicer import JobRuntime, ParamServer
+
+log = structlog.get_logger(__name__)
+
+# Test-only: seconds to sleep before each chunk is stored, so a test can kill
+# the process in the middle of an upload. Never set in production.
+_PUT_DELAY_ENV = "STALWART_TEST_CHECKPOINT_PUT_DELAY"
+
+# One store connection per URL for the whole process.
+STORES = ckpt.StorePool()
+# Uploads run here, not on the default executor the optimizer uses, and one at
+# a time: a second upload would only compete for the same cores and link.
+_UPLOADS = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
+
+
+@dataclass
+class Snapshot:
+    """A private copy of one job's state at one version."""
+
+    header: paramserver.ModelHeader
+    params: tuple[str, ...]
+    tensors: dict[str, torch.Tensor]
+    version: int
+    applied: list[Entry]
+    clocks: list[int]
+
+
+def take_snapshot(model: JobModel) -> Snapshot:
+    """Copy parameters and optimizer state (the caller holds the job's lock)."""
+    return Snapshot(
+        header=model.header,
+        params=tuple(model.params),
+        tensors={n: t.detach().clone() for n, t in model.state_tensors().items()},
+        version=model.version,
+        applied=[Entry(s, k, c) for (s, k), c in model.applied.items()],
+        clocks=list(model.clocks),
+    )
+
+
+def _put_delay():
+    delay = float(os.environ.get(_PUT_DELAY_ENV, "0") or 0)
+    return (lambda _hash: time.sleep(delay)) if delay > 0 else None
+
+
+def upload(
+    snapshot: Snapshot, shard: int, store_url: str, job_id: str, parent_id: str, chunk_bytes: int
+) -> tuple[list[common.CheckpointTensor], ckpt.WriteStats]:
+    """Store the snapshot's chunks (blocking; runs on the upload thread)."""
+    store = STORES.get(store_url)
+    skip: set[str] = set()
+    if parent_id:
+        try:
+            skip = ckpt.chunk_hashes(ckpt.load_manifest(store, job_id, parent_id).tensors)
+        except StalwartError as exc:
+            # Content addressing still dedupes through has_chunk; the parent
+            # only spares the round trips, so its absence costs time, not data.
+            log.warning("parent checkpoint unreadable", parent=parent_id, error=str(exc))
+    items = ckpt.state_items(snapshot.tensors, snapshot.params, shard)
+    return ckpt.write_tensors(
+        store, items, chunk_bytes=chunk_bytes, skip=skip, before_put=_put_delay()
+    )
+
+
+def shard_state(shard: int, snapshot: Snapshot) -> common.ShardState:
+    return common.ShardState(
+        shard=shard,
+        version=snapshot.version,
+        applied=[e.to_proto() for e in snapshot.applied],
+        slot_clocks=snapshot.clocks,
+    )
+
+
+def _check_request_names(job_id: str, checkpoint_id: str, store_url: str) -> None:
+    if not job_id:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "job_id is empty")
+    if not checkpoint_id:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "checkpoint_id is empty")
+    parse_store_url(store_url)  # INVALID_ARGUMENT for a bad URL, before any waiting
+
+
+async def save(ps: ParamServer, request: paramserver.SaveCheckpointRequest, context):
+    ps._client(request.epoch)
+    _check_request_names(request.job_id, request.checkpoint_id, request.store_url)
+    chunk_bytes = ckpt.check_chunk_bytes(request.chunk_size)
+    job = ps._job(request.job_id)
+    loop = asyncio.get_running_loop()
+    # open (connect) before taking the lock: an unreachable store fails fast
+    await loop.run_in_executor(_UPLOADS, STORES.get, request.store_url)
+    timeout = context.time_remaining() or ps.sync_wait_s
+    async with job.lock:
+        _refuse_if_past(job, request.at_version)
+        try:
+            await asyncio.wait_for(
+                job.committed.wait_for(lambda: job.model.version >= request.at_version), timeout
+            )
+        except TimeoutError:
+            raise StalwartError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"version {request.at_version} not reached (at {job.model.version})",
+            ) from None
+        _refuse_if_past(job, request.at_version)  # another commit got the lock first
+        held = time.perf_counter()
+        snapshot = await loop.run_in_executor(None, take_snapshot, job.model)
+        snapshot_seconds = time.perf_counter() - held
+    started = time.perf_counter()
+    tensors, stats = await loop.run_in_executor(
+        _UPLOADS,
+        upload,
+        snapshot,
+        ps.shard,
+        request.store_url,
+        request.job_id,
+        request.parent_id,
+        chunk_bytes,
+    )
+    upload_seconds = time.perf_counter() - started
+    log.info(
+        "checkpoint uploaded",
+        job=request.job_id,
+        checkpoint=request.checkpoint_id,
+        version=snapshot.version,
+        written_chunks=stats.written_chunks,
+        total_chunks=stats.total_chunks,
+        snapshot_seconds=round(snapshot_seconds, 4),
+        upload_seconds=round(upload_seconds, 3),
+    )
+    return paramserver.SaveCheckpointResponse(
+        shard=shard_state(ps.shard, snapshot),
+        tensors=tensors,
+        total_bytes=stats.total_bytes,
+        written_bytes=stats.written_bytes,
+        snapshot_seconds=snapshot_seconds,
+        upload_seconds=upload_seconds,
+        consistency=snapshot.header.consistency,
+        num_slots=snapshot.header.num_slots,
+    )
+
+
+def _refuse_if_past(job: JobRuntime, at_version: int) -> None:
+    if job.model.version > at_version:
+        raise StalwartError(
+            ErrorKind.FAILED_PRECONDITION,
+            f"job is at version {job.model.version}, past the asked {at_version}",
+        )
+
+
+# --- load -----------------------------------------------------------------------------
+
+
+def model_from_checkpoint(
+    manifest: common.CheckpointManifest,
+    shard: int,
+    tensors: dict[str, torch.Tensor],
+    epoch: int,
+) -> JobModel:
+    """The JobModel a checkpoint describes, built as InstallState builds one."""
+    state = next((s for s in manifest.shards if s.shard == shard), None)
+    if state is None:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"checkpoint {manifest.checkpoint_id} has no counters for shard {shard}",
+        )
+    mine = [t for t in manifest.tensors if t.shard == shard]
+    params = [t.spec for t in mine if t.kind == ckpt.KIND_PARAM]
+    header = paramserver.ModelHeader(
+        job_id=manifest.job_id,
+        optimizer=manifest.optimizer,
+        consistency=manifest.consistency,
+        num_slots=manifest.num_slots,
+        epoch=epoch,
+        tensors=params,
+    )
+    install = paramserver.InstallStateHeader(
+        epoch=epoch,
+        model=header,
+        version=state.version,
+        tensors=[t.spec for t in mine],
+        applied=state.applied,
+        slot_clocks=state.slot_clocks,
+    )
+    return JobModel.from_install(install, tensors)
+
+
+def _shard_tensors(manifest: common.CheckpointManifest, shard: int, limits: codec.Limits):
+    mine = [t for t in manifest.tensors if t.shard == shard]
+    if not mine:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"checkpoint {manifest.checkpoint_id} holds no tensors of shard {shard}",
+        )
+    codec.validate_specs([t.spec for t in mine], limits)  # limits before allocating
+    return mine
+
+
+async def load(ps: ParamServer, request: paramserver.LoadCheckpointRequest, context):
+    ps._client(request.epoch)
+    manifest = request.manifest
+    if request.job_id != manifest.job_id:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"manifest is of job {manifest.job_id!r}, request names {request.job_id!r}",
+        )
+    if request.shard != ps.shard:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"this replica serves shard {ps.shard}, the request names shard {request.shard}",
+        )
+    url = request.store_url or manifest.store_url
+    _check_request_names(request.job_id, manifest.checkpoint_id, url)
+    mine = _shard_tensors(manifest, ps.shard, ps.limits)
+    loop = asyncio.get_running_loop()
+
+    def read_and_build():
+        tensors, stats = ckpt.read_tensors(STORES.get(url), mine)  # DATA_LOSS: nothing changed
+        return model_from_checkpoint(manifest, ps.shard, tensors, ps.replica.epoch), stats
+
+    model, stats = await loop.run_in_executor(_UPLOADS, read_and_build)
+    job = await install(ps, model)
+    log.warning(
+        "state restored from checkpoint",
+        job=model.job_id,
+        checkpoint=manifest.checkpoint_id,
+        version=model.version,
+        bytes=stats.bytes,
+    )
+    return paramserver.LoadCheckpointResponse(version=job.model.version, bytes_read=stats.bytes)
+
+
+async def install(ps: ParamServer, model: JobModel) -> JobRuntime:
+    """Make ``model`` the job's state here and on the backups."""
+    from services.paramserver.servicer import JobRuntime  # the servicer imports this module
+
+    job = ps.jobs.get(model.job_id)
+    if job is None:
+        job = ps.jobs[model.job_id] = JobRuntime(model)
+    async with job.lock:
+        job.model = model
+        job.pull_cache = None
+        # pushes waiting for a step of the old state can never commit now
+        for fut in job.step_done.values():
+            if not fut.done():
+                fut.set_exception(
+                    StalwartError(ErrorKind.TOO_STALE, "state restored from a checkpoint; pull")
+                )
+        job.step_done.clear()
+        job.committed.notify_all()
+        for address in list(ps.replica.backups):
+            ps.replicator.drop(address, model.job_id, "restored from a checkpoint")
+        await ps._install_everywhere(job)
+    return job
