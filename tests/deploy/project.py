@@ -29,7 +29,6 @@ COMPOSE_SCHEMA = (
 #: Settings the deploy files set before the service defines them.
 PENDING_ENV: dict[str, set[str]] = {
     "paramserver": {
-        "STALWART_COORDINATOR",  # register and heartbeat with the coordinators
         "STALWART_ADVERTISE_ADDRESS",  # address others dial (the bind host is 0.0.0.0)
         "STALWART_CHECKPOINT_URL",  # snapshots into the durable tier
     },
