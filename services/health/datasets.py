@@ -142,9 +142,11 @@ def load_cmapss(horizon: float = 30.0) -> PredictionSet:
     test = np.loadtxt(root / "test_FD001.txt")
     rul = np.loadtxt(root / "RUL_FD001.txt")
     names = ["unit", "cycle", "op1", "op2", "op3"] + [f"s{i}" for i in range(1, 22)]
-    # Constant columns carry no information; the operating settings are noise in FD001
-    # (one operating condition), so only the 14 varying sensors stay.
-    keep = np.array([i for i in range(5, 26) if train[:, i].std() > 1e-6])
+    # Only the 14 sensors that move in FD001: the others (op settings, s1, s5, s6, s10,
+    # s16, s18, s19) are constant up to rounding under its single operating condition.
+    informative = ["s2", "s3", "s4", "s7", "s8", "s9", "s11", "s12", "s13", "s14", "s15",
+                   "s17", "s20", "s21"]
+    keep = np.array([names.index(c) for c in informative])
     return PredictionSet(
         name="cmapss",
         channels=[names[i] for i in keep],

@@ -107,8 +107,13 @@ class _AE(nn.Module):
     def __init__(self, n_in: int, hidden: int, code: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, code), nn.ReLU(),
-            nn.Linear(code, hidden), nn.ReLU(), nn.Linear(hidden, n_in),
+            nn.Linear(n_in, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, code),
+            nn.ReLU(),
+            nn.Linear(code, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, n_in),
         )
 
     def forward(self, x):
@@ -124,8 +129,16 @@ class Autoencoder(Detector):
 
     name = "autoencoder"
 
-    def __init__(self, window: int = 10, hidden: int = 128, code: int = 16, epochs: int = 15,
-                 lr: float = 1e-3, batch: int = 256, **kw):
+    def __init__(
+        self,
+        window: int = 10,
+        hidden: int = 128,
+        code: int = 16,
+        epochs: int = 15,
+        lr: float = 1e-3,
+        batch: int = 256,
+        **kw,
+    ):
         super().__init__(**kw)
         self.window, self.hidden, self.code = window, hidden, code
         self.epochs, self.lr, self.batch = epochs, lr, batch

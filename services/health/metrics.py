@@ -103,3 +103,69 @@ def lead_times(alert_time, failure_time) -> dict[str, float]:
         "min_lead": float(leads.min()) if leads.size else float("nan"),
         "median_lead": float(np.median(leads)) if leads.size else float("nan"),
     }
+
+
+def alarms(y_pred, entity, persist: int = 1) -> np.ndarray:
+    """Raise an alarm only where the prediction has held for ``persist`` consecutive
+    windows of the same entity (windows in time order, entities contiguous). One noisy
+    window then does not drain a node."""
+    p = _as_bool(y_pred).astype(np.int64)
+    ent = np.asarray(entity).ravel()
+    if persist <= 1:
+        return p.astype(bool)
+    c = np.concatenate(([0], np.cumsum(p)))
+    held = np.zeros(len(p), dtype=bool)
+    k = persist
+    held[k - 1 :] = (c[k:] - c[:-k]) == k
+    same = np.zeros(len(p), dtype=bool)
+    same[k - 1 :] = ent[k - 1 :] == ent[: len(p) - k + 1]
+    return held & same
+
+
+def entity_prediction(y_true, alarm, entity, t, failure_time) -> dict[str, float]:
+    """Failure prediction judged per entity, the way an operator who drains on alarm
+    sees it.
+
+    An entity is *positive* when some of its windows are labelled (it fails within the
+    horizon after them). It is caught (TP) when an alarm falls on one of those windows,
+    missed (FN) otherwise. An alarm on any negative window is a false alarm for that
+    entity (FP): on a healthy entity, or earlier than the horizon on a failing one (a
+    predictor that fires at random would otherwise "catch" failures that gave no
+    warning). Lead time is failure time minus the first alarm inside the horizon, over
+    the caught entities. ``failure_time`` is indexed by the entity ids in ``entity``."""
+    y, a = _as_bool(y_true), _as_bool(alarm)
+    ent = np.asarray(entity).ravel().astype(np.int64)
+    tt = np.asarray(t, dtype=float).ravel()
+    f = np.asarray(failure_time, dtype=float).ravel()
+    n = int(ent.max()) + 1 if ent.size else 0
+    positive = np.bincount(ent, weights=y, minlength=n) > 0
+    caught = np.bincount(ent, weights=y & a, minlength=n) > 0
+    false_alarm = np.bincount(ent, weights=~y & a, minlength=n) > 0
+    tp = int(caught.sum())
+    fn = int((positive & ~caught).sum())
+    fp = int(false_alarm.sum())
+    first = np.full(n, np.inf)
+    hit = y & a
+    np.minimum.at(first, ent[hit], tt[hit])
+    leads = (f[:n] - first)[caught]
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {
+        "precision": precision, "recall": recall, "f1": f1,
+        "positives": float(tp + fn), "false_alarms": float(fp),
+        "mean_lead": float(leads.mean()) if leads.size else float("nan"),
+        "min_lead": float(leads.min()) if leads.size else float("nan"),
+    }
+
+
+def causal_mean(scores, entity, k: int) -> np.ndarray:
+    """Mean of each window's score and the k-1 before it of the same entity (windows in
+    time order, entities contiguous): a one-off spike is diluted, a sustained rise is not."""
+    s = np.asarray(scores, dtype=float).ravel()
+    ent = np.asarray(entity).ravel()
+    c = np.concatenate(([0.0], np.cumsum(s)))
+    starts = np.concatenate(([0], np.flatnonzero(ent[1:] != ent[:-1]) + 1))
+    first = np.repeat(starts, np.diff(np.concatenate((starts, [len(s)]))))
+    lo = np.maximum(np.arange(len(s)) - k + 1, first)
+    return (c[1:] - c[lo]) / (np.arange(len(s)) + 1 - lo)

@@ -163,8 +163,13 @@ def _one(rng: np.random.Generator, name: str, kind: str) -> Entity:
     return Entity(name, t, _observe(m, rng), float(f), kind, float(warn))
 
 
-def generate(n: int, seed: int, failing_fraction: float = 0.4, alarming_fraction: float = 0.35,
-             prefix: str = "xcvr") -> list[Entity]:
+def generate(
+    n: int,
+    seed: int,
+    failing_fraction: float = 0.4,
+    alarming_fraction: float = 0.35,
+    prefix: str = "xcvr",
+) -> list[Entity]:
     """``n`` modules: ``failing_fraction`` fail (modes in equal shares), and of the rest
     ``alarming_fraction`` look alarming without failing. Deterministic in ``seed``."""
     rng = np.random.default_rng(seed)

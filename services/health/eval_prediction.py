@@ -1,0 +1,166 @@
+"""Failure-prediction evaluation (cmapss, transceiver, csv with failure times).
+
+Protocol, the same for every method:
+1. The training entities are split 80/20 (seeded, by entity) into fit and validation.
+2. Each method learns from the fit entities only: the FGL teacher and student and the
+   LSTM from labelled windows; Isolation Forest, PCA and the threshold rule from the
+   windows labelled "not failing within the horizon" (what a healthy fleet looks like).
+3. Its alarm threshold is the one that maximises entity-level F1 on the validation
+   entities (alarms must hold for ``PERSIST`` consecutive windows).
+4. Test entities are scored once: window-level precision/recall/F1 and entity-level
+   precision/recall/F1 with lead time (see metrics.entity_prediction).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from services.health import detectors, fgl, metrics
+from services.health.datasets import PredictionSet
+from services.health.windows import Scaler, Windows, clean, counter_columns, make_windows
+
+PERSIST = 2
+# Window length, training stride and teacher shift in samples; baseline = how many first
+# samples of an entity define its own healthy levels.
+SETTINGS = {
+    "transceiver": {"length": 24, "stride": 2, "shift": 24, "baseline": 24},
+    "cmapss": {"length": 30, "stride": 1, "shift": 8, "baseline": 20},
+}
+DEFAULT = {"length": 24, "stride": 2, "shift": None, "baseline": 24}
+RELATIVE_ONLY = True
+
+
+def _with_baseline(x: np.ndarray, n: int) -> np.ndarray:
+    """Express each channel against the entity's own first ``n`` samples. Modules and
+    engines differ in their healthy levels; a failure shows as a departure from one's own
+    normal, and models that see absolute levels learn which units failed in training
+    instead of what failing looks like."""
+    rel = x - np.median(x[:n], axis=0)
+    return rel if RELATIVE_ONLY else np.concatenate([x, rel], axis=1)
+
+
+def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    cut = int(round(0.8 * n))
+    return np.sort(order[:cut]), np.sort(order[cut:])
+
+
+def _build(ds: PredictionSet, seed: int):
+    st = {**DEFAULT, **SETTINGS.get(ds.name, {})}
+    shift = st["shift"] or max(1, int(ds.horizon / ds.step / 4))
+    counters = counter_columns(ds)
+    fit_i, val_i = _split(len(ds.train), seed)
+    fit_e = [ds.train[i] for i in fit_i]
+    val_e = [ds.train[i] for i in val_i]
+    cl = {id(e): clean(e, counters) for e in ds.train + ds.test}
+    scale = Scaler().fit([cl[id(e)] for e in fit_e])
+
+    def win(ents, stride):
+        xs = [_with_baseline(scale(cl[id(e)]), st["baseline"]) for e in ents]
+        return make_windows(ents, xs, st["length"], ds.horizon, shift, stride), ents
+
+    return win(fit_e, st["stride"]), win(val_e, 1), win(ds.test, 1)
+
+
+def _choose_threshold(scores: np.ndarray, w: Windows, ents) -> float:
+    """Threshold with the best entity-level F1 on validation; ties go to the middle of the
+    tied range so a small shift in score scale does not fall off an edge."""
+    f = np.array([e.failure_time for e in ents])
+    cands = np.unique(np.quantile(scores, np.linspace(0.5, 1.0, 201)))
+    f1s = np.array(
+        [
+            metrics.entity_prediction(
+                w.y, metrics.alarms(scores >= c, w.entity, PERSIST), w.entity, w.t, f
+            )["f1"]
+            for c in cands
+        ]
+    )
+    best = np.flatnonzero(f1s >= f1s.max() - 1e-12)
+    return float(cands[best[len(best) // 2]])
+
+
+def _report(scores, thr, w: Windows, ents) -> dict:
+    f = np.array([e.failure_time for e in ents])
+    alarm = metrics.alarms(scores >= thr, w.entity, PERSIST)
+    out = {
+        "threshold": thr,
+        "window": metrics.prf(w.y, alarm),
+        "entity": metrics.entity_prediction(w.y, alarm, w.entity, w.t, f),
+    }
+    kinds = np.array([e.kind for e in ents])
+    if "sudden_death" in kinds:  # the generator knows which failures gave warning
+        warn = np.array([e.warning for e in ents])
+        early = ~np.isfinite(f) | (warn >= 2.0)
+        out["precursor_ge_2h"] = _subset(w, alarm, f, early)
+        out["sudden_death"] = _subset(w, alarm, f, kinds == "sudden_death")
+        out["by_mode_recall"] = {
+            k: _subset(w, alarm, f, kinds == k)["recall"]
+            for k in sorted(set(kinds))
+            if np.isfinite(f[kinds == k]).all()
+        }
+    return out
+
+
+def _subset(w: Windows, alarm, f, keep_entity: np.ndarray) -> dict:
+    m = keep_entity[w.entity]
+    return metrics.entity_prediction(w.y[m], alarm[m], w.entity[m], w.t[m], f)
+
+
+def _unsupervised(name: str, fit: Windows, seed: int, cap: int = 20000):
+    """Point detectors on window summaries, fitted on windows of the healthy regime."""
+    rng = np.random.default_rng(seed)
+    idx = np.flatnonzero(fit.y == 0)
+    idx = np.sort(rng.choice(idx, min(cap, len(idx)), replace=False))
+    det = detectors.ALL[name](seed=seed)
+    det._fit(fit.summary(idx))  # threshold comes from the validation entities instead
+    return lambda w: det.score(w.summary())
+
+
+def run(
+    ds: PredictionSet,
+    seed: int = 0,
+    cfg: fgl.TrainConfig | None = None,
+    methods: list[str] | None = None,
+) -> dict:
+    cfg = cfg or fgl.TrainConfig(seed=seed)
+    (fit, _), (val, val_e), (test, test_e) = _build(ds, seed)
+    idx = np.arange(len(fit.end))
+    scorers = {}
+    t0 = time.time()
+    teacher, student = fgl.train_fgl(fit, idx, cfg)
+    scorers["fgl_student"] = lambda w: fgl.predict_proba(student, w)
+    lstm = fgl.train_lstm(fit, idx, cfg)
+    scorers["lstm"] = lambda w: fgl.predict_proba(lstm, w)
+    for name in ("isolation_forest", "pca", "threshold_rule"):
+        scorers[name] = _unsupervised(name, fit, seed)
+    results = {}
+    for name, score in scorers.items():
+        if methods and name not in methods:
+            continue
+        thr = _choose_threshold(score(val), val, val_e)
+        results[name] = _report(score(test), thr, test, test_e)
+    # The teacher reads windows that end later than "now": a reference, not deployable.
+    tv = fgl.predict_proba(teacher, val, future=True)
+    results["fgl_teacher_not_deployable"] = _report(
+        fgl.predict_proba(teacher, test, future=True),
+        _choose_threshold(tv, val, val_e),
+        test,
+        test_e,
+    )
+    return {
+        "dataset": ds.name,
+        "task": "prediction",
+        "seed": seed,
+        "horizon": ds.horizon,
+        "time_unit": ds.time_unit,
+        "persist": PERSIST,
+        "entities": {
+            "fit": int(len(set(fit.entity))),
+            "validation": len(val_e),
+            "test": len(test_e),
+        },
+        "methods": results,
+        "seconds": round(time.time() - t0, 1),
+    }

@@ -1,0 +1,137 @@
+"""Turn entities (engines, optical modules) into labelled sliding windows.
+
+Cleaning is causal, as it would be online: a missed poll repeats the last reading,
+cumulative counters become per-poll increments on a log scale, and one extra channel says
+the poll was missed. Windows are kept as indices into one concatenated array, so the
+teacher's "future" windows and the student's windows share memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from services.health.datasets import Entity, PredictionSet
+
+
+def _ffill(x: np.ndarray) -> np.ndarray:
+    """Forward-fill NaNs per column; leading NaNs take the first valid value."""
+    x = x.copy()
+    for c in range(x.shape[1]):
+        col = x[:, c]
+        ok = ~np.isnan(col)
+        if not ok.any():
+            col[:] = 0.0
+            continue
+        idx = np.where(ok, np.arange(len(col)), 0)
+        np.maximum.accumulate(idx, out=idx)
+        filled = col[idx]
+        filled[: np.argmax(ok)] = col[ok][0]
+        x[:, c] = filled
+    return x
+
+
+def _increments(col: np.ndarray) -> np.ndarray:
+    """Per-poll increments of a cumulative counter. Counts accrued over a gap are spread
+    evenly over it (known only when the gap ends, so missing polls repeat the previous
+    increment instead of looking ahead). Resets (negative steps) count as zero."""
+    out = np.zeros(len(col))
+    valid = np.flatnonzero(~np.isnan(col))
+    if valid.size > 1:
+        rate = np.clip(np.diff(col[valid]), 0, None) / np.diff(valid)
+        out[valid[1:]] = rate
+        last = np.full(len(col), np.nan)
+        last[valid] = out[valid]
+        out = _ffill(last[:, None])[:, 0]
+    return np.log1p(out)
+
+
+def clean(e: Entity, counters: list[int]) -> np.ndarray:
+    """(T, d) raw -> (T, d+1) float32: filled gauges, log counter increments, missed flag."""
+    raw = e.x.astype(np.float64)
+    missed = np.isnan(raw).all(axis=1)
+    x = _ffill(raw)
+    for c in counters:
+        x[:, c] = _increments(raw[:, c])
+    return np.column_stack([x, missed]).astype(np.float32)
+
+
+@dataclass
+class Windows:
+    """N windows of ``length`` rows over the concatenated, scaled array ``z``."""
+
+    z: torch.Tensor  # (rows, channels)
+    end: np.ndarray  # (N,) row of each window's last sample
+    future_end: np.ndarray  # (N,) row where the teacher's window ends (closer to failure)
+    y: np.ndarray  # (N,) 1 = entity fails within the horizon after this window
+    entity: np.ndarray  # (N,) index into the entity list
+    t: np.ndarray  # (N,) time of the window's last sample
+    length: int
+
+    def batch(self, idx: np.ndarray, future: bool = False) -> torch.Tensor:
+        ends = (self.future_end if future else self.end)[idx]
+        rows = ends[:, None] - np.arange(self.length - 1, -1, -1)[None, :]
+        return self.z[torch.from_numpy(rows)]
+
+    def summary(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """Per window: last value, window mean, and last-minus-first for each channel;
+        the input of the point detectors used as baselines."""
+        idx = np.arange(len(self.end)) if idx is None else idx
+        out = []
+        for part in np.array_split(idx, max(1, len(idx) // 4096)):
+            w = self.batch(part).numpy()
+            out.append(np.concatenate([w[:, -1], w.mean(axis=1), w[:, -1] - w[:, 0]], axis=1))
+        return np.concatenate(out) if out else np.zeros((0, 3 * self.z.shape[1]))
+
+
+class Scaler:
+    """Standardise channels with statistics of the training entities only."""
+
+    def fit(self, arrays: list[np.ndarray]) -> Scaler:
+        a = np.concatenate(arrays)
+        self.mu, self.sd = a.mean(axis=0), np.maximum(a.std(axis=0), 1e-6)
+        return self
+
+    def __call__(self, a: np.ndarray) -> np.ndarray:
+        return ((a - self.mu) / self.sd).astype(np.float32)
+
+
+def make_windows(
+    ents: list[Entity],
+    cleaned: list[np.ndarray],
+    length: int,
+    horizon: float,
+    shift: int,
+    stride: int = 1,
+) -> Windows:
+    """Windows ending at every ``stride``-th sample of each entity. Each entity is padded
+    in front with its first row so early samples get a window too. The teacher's window
+    ends ``shift`` samples later, but never past the entity's last sample."""
+    blocks, ends, fut, ys, ids, ts = [], [], [], [], [], []
+    offset = 0
+    for k, (e, x) in enumerate(zip(ents, cleaned, strict=True)):
+        n = len(x)
+        blocks.append(np.concatenate([np.repeat(x[:1], length - 1, axis=0), x]))
+        i = np.arange(n - 1, -1, -stride)[::-1]  # always keep the last sample
+        ends.append(offset + length - 1 + i)
+        fut.append(offset + length - 1 + np.minimum(i + shift, n - 1))
+        ys.append((e.failure_time - e.t[i] <= horizon).astype(np.int64))
+        ids.append(np.full(len(i), k))
+        ts.append(e.t[i])
+        offset += n + length - 1
+    return Windows(
+        z=torch.from_numpy(np.concatenate(blocks)),
+        end=np.concatenate(ends),
+        future_end=np.concatenate(fut),
+        y=np.concatenate(ys),
+        entity=np.concatenate(ids),
+        t=np.concatenate(ts),
+        length=length,
+    )
+
+
+def counter_columns(ds: PredictionSet) -> list[int]:
+    names = ds.notes.get("counters", [])
+    return [ds.channels.index(c) for c in names]
