@@ -1,0 +1,131 @@
+"""Run one trainer: ``python -m services.trainer --coordinator host:port[,..] [--standby]``.
+
+Test mode without a coordinator: ``--assignment-file assignment.json`` (an
+Assignment in protobuf JSON); the trainer trains it to the end and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import torch
+
+from services.trainer.faults import Faults
+from services.trainer.servicer import TrainerServicer
+from services.trainer.settings import TrainerSettings
+from services.trainer.sources import CoordinatorSource, FileSource
+from services.trainer.telemetry import Telemetry
+from services.trainer.worker import Worker
+from stalwart import log, training
+from stalwart.api import coordinator, trainer_grpc
+from stalwart.channel import ChannelConfig, open_channel
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
+from stalwart.server import ConfigError, ServiceRunner, settings_or_exit
+
+SERVICE_NAME = "stalwart.v1.TrainerService"
+
+
+def pick_device(choice: str) -> str:
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return "cuda:0"
+    return "cpu"
+
+
+def client_factory(settings: TrainerSettings):
+    config = ChannelConfig.from_settings(settings)
+    token = settings.node_token.get_secret_value() or None
+
+    def make(shard_map: coordinator.GetShardMapResponse) -> ParamServerClient:
+        groups = []
+        for group in sorted(shard_map.groups, key=lambda g: g.shard):
+            addresses = list(
+                dict.fromkeys(a for a in [group.primary_address, *group.backup_addresses] if a)
+            )
+            groups.append(
+                ShardGroupClient(
+                    addresses,
+                    lambda address: open_channel(address, config, token),
+                    call_timeout_s=settings.call_timeout_seconds,
+                    retry_for_s=settings.retry_seconds,
+                    chunk_bytes=settings.chunk_bytes,
+                )
+            )
+        return ParamServerClient(groups)
+
+    return make
+
+
+def make_source(settings: TrainerSettings, worker: Worker, address: str, telemetry: Telemetry):
+    if settings.assignment_file is not None:
+        return FileSource(worker, settings.assignment_file)
+    client = CoordinatorClient(
+        settings.coordinator_list(),
+        settings.node_token.get_secret_value() or None,
+        channel_config=ChannelConfig.from_settings(settings),
+    )
+    return CoordinatorSource(
+        worker, client, address, settings.node_id, settings.standby, telemetry.sample
+    )
+
+
+async def run(settings: TrainerSettings) -> None:
+    training.make_deterministic(settings.torch_threads)
+    device = pick_device(settings.device)
+    worker = Worker(
+        device, client_factory(settings), Faults.parse(settings.faults), settings.poll_seconds
+    )
+    if worker.faults.active:
+        log.get_logger(__name__).warning("TEST FAULT INJECTION IS ON", faults=settings.faults)
+    loop_task: asyncio.Task | None = None
+
+    async def shutdown() -> None:  # SIGTERM: finish the step, then exit
+        worker.request_stop()
+        if loop_task is not None:
+            await asyncio.wait({loop_task})
+
+    runner: ServiceRunner
+    servicer = TrainerServicer(
+        worker, lambda: settings.node_id, lambda: runner.request_stop(), settings.grace_seconds
+    )
+    runner = ServiceRunner(
+        settings,
+        lambda server: trainer_grpc.add_TrainerServiceServicer_to_server(servicer, server),
+        [SERVICE_NAME],
+        on_shutdown=shutdown,
+    )
+    await runner.start()
+    telemetry = Telemetry(device, worker.stats)
+    loop_task = servicer.loop_task = asyncio.create_task(worker.run())
+    loop_task.add_done_callback(lambda _task: runner.request_stop())
+    source = make_source(settings, worker, runner.address, telemetry)
+    log.get_logger(__name__).info("trainer started", device=device, standby=settings.standby)
+    try:
+        await source.start()
+        await runner.wait()
+    finally:
+        await source.stop()
+        if not loop_task.done():
+            loop_task.cancel()
+    if loop_task.done() and not loop_task.cancelled() and loop_task.exception() is not None:
+        raise loop_task.exception()
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = settings_or_exit(TrainerSettings, argv)
+    log.configure_logging(settings.log_level, "trainer", settings.node_id)
+    try:
+        Faults.parse(settings.faults)
+    except ValueError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        asyncio.run(run(settings))
+    except ConfigError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

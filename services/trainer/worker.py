@@ -1,0 +1,246 @@
+"""The training loop of one trainer: follow the current assignment, step by step.
+
+Sync mode (docs/control-plane.md): the step to compute is always the
+paramserver version. Holding slot k, the worker pulls version v, computes step
+v for slot k, pushes it with key (job, v, k) and base_version v, and waits for
+the step to commit (the push returns once every slot has pushed). A warm
+standby only pulls, so that taking over a slot costs no transfer.
+
+Pulls are read-only, so they are abandoned the moment the assignment changes;
+a computed step is always pushed to the end (graceful stop finishes the step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from services.trainer.faults import Faults
+from services.trainer.telemetry import StepStats
+from stalwart import training
+from stalwart.api import coordinator
+from stalwart.client.paramserver import ParamServerClient
+from stalwart.errors import ErrorKind, RpcError, StalwartError
+from stalwart.models import Task, resolve
+
+logger = structlog.get_logger(__name__)
+
+ClientFactory = Callable[[coordinator.GetShardMapResponse], ParamServerClient]
+RETRY_PAUSE_S = 0.2  # between attempts after an error that needs no backoff of its own
+
+
+def _shape(a: coordinator.Assignment | None) -> tuple | None:
+    """What identifies an assignment's work (the step field only says where it stood)."""
+    if a is None:
+        return None
+    return (a.job_id, a.slot, a.standby, a.shard_map.SerializeToString(deterministic=True))
+
+
+@dataclass
+class JobState:
+    """The job the worker holds weights of."""
+
+    job_id: str
+    spec: coordinator.JobSpec
+    task: Task
+    model: torch.nn.Module
+    client: ParamServerClient
+    shard_map: bytes
+    version: int = -1  # version of the weights in the model; -1: none yet
+    next_version: int = 0  # version to wait for before the next step
+    finished: bool = False
+    registered: bool = False  # RegisterModel answered through the current client
+
+
+class Worker:
+    def __init__(
+        self, device: str, make_client: ClientFactory, faults: Faults, poll_s: float = 5.0
+    ):
+        self.device = device
+        self.make_client = make_client
+        self.faults = faults
+        self.poll_s = poll_s
+        self.stats = StepStats()
+        self.desired: coordinator.Assignment | None = None
+        self.job: JobState | None = None
+        self.current: coordinator.Assignment | None = None
+        self.changed = asyncio.Event()
+        self.stopping = False
+        self.finished_jobs: set[str] = set()
+        self.on_step: Callable[[int], None] | None = None
+        self.on_finished: Callable[[str], None] | None = None
+
+    # --- control ------------------------------------------------------------------
+
+    def assign(self, assignment: coordinator.Assignment | None) -> None:
+        """Take a new assignment (or none); the loop switches at the next safe point."""
+        if _shape(assignment) != _shape(self.desired):
+            logger.info(
+                "assignment changed",
+                job=assignment.job_id if assignment else "",
+                slot=assignment.slot if assignment else -1,
+                standby=assignment.standby if assignment else False,
+            )
+            self.desired = assignment
+            self.changed.set()
+
+    def request_stop(self) -> None:
+        self.stopping = True
+        self.changed.set()
+
+    # --- the loop -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while not self.stopping:
+                self.changed.clear()
+                assignment = self.desired
+                if assignment is None or assignment.job_id in self.finished_jobs:
+                    self.current = assignment
+                    await self._wait_changed(self.poll_s)
+                    continue
+                await self._attempt(assignment)
+        finally:
+            await self._drop_job()
+
+    async def _attempt(self, assignment: coordinator.Assignment) -> None:
+        try:
+            await self._hold(assignment)
+            self.current = assignment
+            if assignment.standby:
+                await self._follow()
+            else:
+                await self._step(assignment.slot)
+        except (RpcError, StalwartError) as err:
+            await self._on_error(err)
+
+    async def _on_error(self, err: RpcError | StalwartError) -> None:
+        if err.kind is ErrorKind.UNKNOWN_JOB and self.job is not None:
+            self.job.registered = False  # the paramservers lost it: register again
+        if err.kind is ErrorKind.INVALID_ARGUMENT and isinstance(err, StalwartError):
+            # The spec names a model this node cannot run; nothing will change that.
+            logger.error("cannot run the assignment", error=str(err))
+            self.finished_jobs.add(self.desired.job_id if self.desired else "")
+            return
+        logger.warning("step failed; retrying", error=str(err), kind=err.kind.reason)
+        await self._wait_changed(RETRY_PAUSE_S)
+
+    async def _wait_changed(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout)
+            return True
+        return False
+
+    # --- holding a job's weights ---------------------------------------------------
+
+    async def _hold(self, assignment: coordinator.Assignment) -> None:
+        """Make sure the model and client are those of the assignment's job."""
+        shard_map = assignment.shard_map.SerializeToString(deterministic=True)
+        job = self.job
+        if job is None or job.job_id != assignment.job_id:
+            await self._drop_job()
+            self.job = job = await asyncio.get_running_loop().run_in_executor(
+                None, self._build_job, assignment, shard_map
+            )
+        elif job.shard_map != shard_map:
+            await job.client.close()
+            job.client, job.shard_map = self.make_client(assignment.shard_map), shard_map
+            job.registered = False
+        if not job.registered:
+            await self._register(job)
+
+    def _build_job(self, assignment: coordinator.Assignment, shard_map: bytes) -> JobState:
+        spec = assignment.spec
+        task = resolve(spec)
+        model = task.build_model(spec.seed).to(self.device)
+        client = self.make_client(assignment.shard_map)
+        return JobState(assignment.job_id, spec, task, model, client, shard_map)
+
+    async def _register(self, job: JobState) -> None:
+        """Idempotent RegisterModel with the seeded initial weights: the first one wins."""
+        initial = training.initial_params(job.task, job.spec.seed)
+        s = job.spec
+        await job.client.register_model(
+            job.job_id, initial, s.optimizer, s.consistency, max(s.num_slots, 1)
+        )
+        job.registered = True
+
+    async def _drop_job(self) -> None:
+        if self.job is not None:
+            await self.job.client.close()
+            self.job = None
+
+    # --- pulling ----------------------------------------------------------------------
+
+    async def _pull(self, min_version: int) -> bool:
+        """Bring the model to ``min_version`` or later; False if the assignment changed first."""
+        job = self.job
+        pull = asyncio.ensure_future(self._pull_consistent(job, min_version))
+        changed = asyncio.ensure_future(self.changed.wait())
+        try:
+            await asyncio.wait({pull, changed}, timeout=self.poll_s, return_when="FIRST_COMPLETED")
+        finally:
+            changed.cancel()
+            if not pull.done():
+                pull.cancel()  # read-only: safe to abandon
+                with contextlib.suppress(asyncio.CancelledError, RpcError):
+                    await pull
+        if pull.cancelled() or not pull.done():
+            return False
+        return pull.result()
+
+    async def _pull_consistent(self, job: JobState, min_version: int) -> bool:
+        """Pull until every shard group reports the same version (>= min_version)."""
+        while True:
+            versions, tensors = await job.client.pull(job.job_id, job.version, min_version)
+            if min(versions) == max(versions):
+                break
+            min_version = max(versions)  # a commit landed on some groups only: catch up
+        await asyncio.get_running_loop().run_in_executor(
+            None, training.load_params, job.model, tensors
+        )
+        job.version = versions[0]
+        job.next_version = max(job.next_version, job.version)
+        if job.version >= job.spec.steps:
+            job.finished = True
+            self.finished_jobs.add(job.job_id)
+            logger.info("job finished", job=job.job_id, version=job.version)
+            if self.on_finished is not None:
+                self.on_finished(job.job_id)
+        return True
+
+    async def _follow(self) -> None:
+        """Standby: keep the weights current without computing."""
+        await self._pull(self.job.version + 1)
+
+    # --- computing a step --------------------------------------------------------------
+
+    async def _step(self, slot: int) -> None:
+        job = self.job
+        if not await self._pull(job.next_version) or job.finished:
+            return
+        step, started = job.version, time.monotonic()
+        result = await asyncio.get_running_loop().run_in_executor(
+            None, self._compute, job, slot, step
+        )
+        await job.client.push(job.job_id, step, slot, step, result.grads)
+        self.faults.after_push(step)
+        job.next_version = step + 1
+        seconds = time.monotonic() - started
+        self.stats.record(step, seconds, result.loss, result.grad_norm(), result.examples)
+        if self.on_step is not None:
+            self.on_step(step)
+        logger.debug("step pushed", job=job.job_id, step=step, slot=slot, loss=result.loss)
+
+    def _compute(self, job: JobState, slot: int, step: int) -> training.StepResult:
+        # runs in the executor: faults that sleep or hang block this thread only,
+        # so heartbeats keep flowing (a gray failure, not a dead node)
+        result = training.compute_step(job.task, job.model, slot, step, job.spec)
+        self.faults.before_push(step)
+        return result
