@@ -2,9 +2,9 @@
 
 Builds clients/go (generate.sh: protoc-gen-go and protoc-gen-go-grpc from the Go
 module proxy, driven by grpc_tools.protoc), starts a paramserver primary, and
-runs `go test ./...` with STALWART_PARAMSERVER pointing at it. The coordinator
-test in the same package skips here (no STALWART_COORDINATOR); it runs where a
-local cluster is up. Skips when no Go toolchain is installed.
+a coordinator (shm:// store), and runs `go test ./...` with STALWART_PARAMSERVER
+and STALWART_COORDINATOR pointing at them, under STALWART_REQUIRE_BACKENDS=1 so
+no Go test may skip. Skips when no Go toolchain is installed.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="no Go toolch
 
 
 def _go_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, GOFLAGS="-mod=mod", PYTHON=sys.executable, **extra)
-    env.pop("STALWART_COORDINATOR", None)  # this test brings no coordinator
-    return env
+    return dict(os.environ, GOFLAGS="-mod=mod", PYTHON=sys.executable, **extra)
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -47,13 +45,19 @@ def go_client() -> Path:
 
 
 @pytest.mark.timeout(900)
-def test_go_client_against_a_live_paramserver(go_client: Path, run_dir: Path) -> None:
-    with start_service("services.paramserver", ["--role", "primary"], run_dir, "go-ps") as ps:
-        result = _run(
-            ["go", "test", "-count=1", "-v", "./..."],
-            _go_env(STALWART_PARAMSERVER=ps.address),
-            timeout=600,
+def test_go_client_against_live_services(go_client: Path, run_dir: Path) -> None:
+    store = f"shm://{run_dir / 'go-client-store'}"
+    with (
+        start_service("services.paramserver", ["--role", "primary"], run_dir, "go-ps") as ps,
+        start_service("services.coordinator", ["--store-url", store], run_dir, "go-coord") as co,
+    ):
+        env = _go_env(
+            STALWART_PARAMSERVER=ps.address,
+            STALWART_COORDINATOR=co.address,
+            STALWART_REQUIRE_BACKENDS="1",
         )
+        result = _run(["go", "test", "-count=1", "-v", "./..."], env, timeout=600)
     out = result.stdout
     assert "--- PASS: TestParamServerPushPullRoundTrip" in out, out
+    assert "--- PASS: TestCoordinatorListAndSubmit" in out, out
     assert "--- PASS: TestCRC32CKnownValues" in out, out
