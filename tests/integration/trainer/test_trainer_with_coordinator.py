@@ -1,0 +1,91 @@
+"""Trainers and a warm standby taking work from a real coordinator: a trainer is killed
+at an exact step, the standby takes its slot, and the job still ends bitwise equal to
+the fault-free reference run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from stalwart import training
+from stalwart.api import common, coordinator, trainer, trainer_grpc
+from stalwart.channel import open_channel
+from stalwart.client import CoordinatorClient
+from tests.helpers import assert_eventually_async
+from tests.integration.coordinator.support import wait_leader
+
+from .support import assert_bitwise_equal, final_weights, small_spec, wait_exit
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def wait_job_done(client: CoordinatorClient, job_id: str, timeout: float) -> coordinator.Job:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = await client.get_job(job_id)
+        if job.state in (coordinator.JOB_STATE_SUCCEEDED, coordinator.JOB_STATE_FAILED):
+            return job
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"job {job_id} not finished after {timeout}s: {job}")
+
+
+async def test_standby_takes_the_slot_of_a_killed_trainer_bitwise(cluster_procs):
+    procs = cluster_procs
+    spec = small_spec(steps=16)
+    training.make_deterministic()
+    want = await asyncio.to_thread(training.reference_run, spec)
+
+    coord = procs.coordinator("c1")
+    await wait_leader(coord.address)
+    join = ("--coordinator", coord.address)
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    primary = procs.start(
+        "services.paramserver", "ps-p", "--role", "primary", "--backups", backup.address, *join
+    )
+    procs.trainer("tr0", *join)
+    doomed = procs.trainer("tr1", *join, faults="crash_at_step=6")
+    standby = procs.trainer("sb", *join, "--standby")
+
+    async with CoordinatorClient(coord.address) as client:
+
+        async def trainers_registered():
+            nodes = await client.all_nodes(common.NODE_ROLE_TRAINER)
+            assert {n.node_id for n in nodes} == {"tr0", "tr1", "sb"}
+
+        await assert_eventually_async(trainers_registered, timeout=30)
+        job = await client.create_job(spec, job_id="job-coord")
+        done = await wait_job_done(client, job.job_id, 180)
+        assert done.state == coordinator.JOB_STATE_SUCCEEDED, done.reason
+        promoted = [
+            e
+            async for e in _events_until_end(client, job.job_id)
+            if e.kind == common.EVENT_KIND_STANDBY_PROMOTED
+        ]
+    assert await asyncio.to_thread(wait_exit, doomed, 5) == -9
+    assert "fault fired" in doomed.log_tail(200)
+    assert [e.node_id for e in promoted] == ["sb"], promoted
+    status = await trainer_status(standby.address)
+    assert status.step == spec.steps - 1  # the standby computed the slot's last steps
+    version, got = await final_weights([primary.address, backup.address], job.job_id, spec)
+    assert version == spec.steps
+    assert_bitwise_equal(got, want)
+
+
+async def trainer_status(address: str) -> trainer.GetTrainerStatusResponse:
+    async with open_channel(address) as channel:
+        return await trainer_grpc.TrainerServiceStub(channel).GetTrainerStatus(
+            trainer.GetTrainerStatusRequest(), timeout=5
+        )
+
+
+async def _events_until_end(client: CoordinatorClient, job_id: str):
+    """Replay the job's events up to its SUCCEEDED state change."""
+    async for event in client.watch_events(job_id=job_id):
+        yield event
+        if (
+            event.kind == common.EVENT_KIND_JOB_STATE_CHANGED
+            and "succeeded" in event.message.lower()
+        ):
+            return
