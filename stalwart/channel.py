@@ -70,6 +70,10 @@ class ChannelConfig:
     """Largest message sent or received."""
     server_name: str | None = None
     """TLS name to check when the certificate does not name the dialled address."""
+    max_reconnect_backoff_s: float | None = None
+    """Longest wait between attempts to reconnect to a peer that went away; None keeps
+    gRPC's default, which grows to 120 s. Links that must notice a peer coming back
+    soon (a primary's links to its backups) set it to about a second."""
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> ChannelConfig:
@@ -94,6 +98,10 @@ class ChannelConfig:
         ]
         if self.server_name:
             opts.append(("grpc.ssl_target_name_override", self.server_name))
+        if self.max_reconnect_backoff_s is not None:
+            backoff_ms = max(1, int(self.max_reconnect_backoff_s * 1000))
+            opts.append(("grpc.max_reconnect_backoff_ms", backoff_ms))
+            opts.append(("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)))
         return opts
 
     def credentials(self) -> grpc.ChannelCredentials:

@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 
 import torch
 
-from services.paramserver.replica import ReplicaState, Role
+from services.paramserver import optim
 from services.paramserver.registration import Registration
+from services.paramserver.replica import ReplicaState, Role
 from services.paramserver.replicator import Replicator
 from services.paramserver.servicer import ParamServer
 from services.paramserver.settings import ParamServerSettings
 from stalwart import codec, log
-from stalwart.api import paramserver_grpc
+from stalwart.api import common, paramserver_grpc
 from stalwart.channel import ChannelConfig, open_channel
 from stalwart.server import ConfigError, ServiceRunner, settings_or_exit
 
 SERVICE_NAME = "stalwart.v1.ParamServerService"
+BACKUP_RECONNECT_S = 1.0
 
 
 def build(settings: ParamServerSettings) -> ParamServer:
     replica = ReplicaState(Role(settings.role), settings.epoch)
     if replica.role is Role.PRIMARY:
         replica.configure(Role.PRIMARY, settings.epoch, settings.backup_list())
-    channel_config = ChannelConfig.from_settings(settings)
+    # Links to backups reconnect within a second: with gRPC's default backoff
+    # (up to 120 s) a backup restarted after an outage waited that long to be
+    # caught up, and with min_insync >= 1 every push was refused meanwhile.
+    channel_config = dataclasses.replace(
+        ChannelConfig.from_settings(settings), max_reconnect_backoff_s=BACKUP_RECONNECT_S
+    )
     token = settings.node_token.get_secret_value() or None
     stubs: dict[str, paramserver_grpc.ParamServerServiceStub] = {}
 
@@ -76,10 +84,30 @@ async def run(settings: ParamServerSettings) -> None:
             await registration.stop()
 
 
+def _warm_up() -> None:
+    """Build and step each optimizer once on a throwaway tensor, before serving.
+
+    torch imports ``torch._dynamo`` when a process builds its first optimizer,
+    which takes seconds (5-10 s on a busy two-core machine). Paid here, before
+    the ready file and health say SERVING, it no longer stalls the first
+    RegisterModel or the InstallState that catches up a restarted backup.
+    """
+    for kind in (
+        common.OPTIMIZER_KIND_SGD,
+        common.OPTIMIZER_KIND_ADAM,
+        common.OPTIMIZER_KIND_ADAMW,
+    ):
+        param = torch.zeros(1, requires_grad=True)
+        optimizer = optim.build(common.OptimizerSpec(kind=kind, lr=0.1), [param])
+        param.grad = torch.ones(1)
+        optimizer.step()
+
+
 def main(argv: list[str] | None = None) -> None:
     settings = settings_or_exit(ParamServerSettings, argv)
     log.configure_logging(settings.log_level, "paramserver", settings.node_id)
     torch.set_num_threads(settings.torch_threads)
+    _warm_up()
     try:
         asyncio.run(run(settings))
     except ConfigError as exc:
