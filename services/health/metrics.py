@@ -69,20 +69,31 @@ def event_recall_delay(y_true, y_pred) -> dict[str, float]:
     }
 
 
-def best_f1(y_true, scores, max_thresholds: int = 512) -> dict[str, float]:
-    """Best point-wise F1 over thresholds taken from the test scores themselves.
+def best_f1(y_true, scores) -> dict[str, float]:
+    """Best point-wise F1 over every threshold (flag score >= threshold), the thresholds
+    being the test scores themselves.
 
     OPTIMISTIC: the threshold is chosen with the test labels. It is an upper bound on
     what the score could achieve, not a deployable figure; callers label it so."""
     t = _as_bool(y_true)
     s = np.asarray(scores, dtype=float).ravel()
-    qs = np.unique(np.quantile(s, np.linspace(0.0, 1.0, max_thresholds)))
-    best = {"precision": 0.0, "recall": 0.0, "f1": 0.0, "threshold": float("nan")}
-    for q in qs:
-        r = prf(t, s >= q)
-        if r["f1"] > best["f1"]:
-            best = {**r, "threshold": float(q)}
-    return best
+    order = np.argsort(-s, kind="stable")
+    s_sorted, t_sorted = s[order], t[order]
+    tp = np.cumsum(t_sorted)
+    fp = np.cumsum(~t_sorted)
+    # Only the last index of each run of equal scores is a reachable cut.
+    last = np.flatnonzero(np.r_[s_sorted[1:] != s_sorted[:-1], True])
+    tp, fp = tp[last].astype(float), fp[last].astype(float)
+    pos = float(t.sum())
+    precision = tp / np.maximum(tp + fp, 1)
+    recall = tp / pos if pos else np.zeros_like(tp)
+    denom = precision + recall
+    f1 = np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
+    if not f1.size:
+        return {"precision": 0.0, "recall": 0.0, "f1": 0.0, "threshold": float("nan")}
+    i = int(np.argmax(f1))
+    return {"precision": float(precision[i]), "recall": float(recall[i]),
+            "f1": float(f1[i]), "threshold": float(s_sorted[last[i]])}
 
 
 def lead_times(alert_time, failure_time) -> dict[str, float]:

@@ -81,3 +81,13 @@ def test_entity_prediction_counts_early_alarms_as_false():
 def test_causal_mean_restarts_per_entity():
     s = m.causal_mean([1.0, 3.0, 5.0, 10.0, 20.0], [0, 0, 0, 1, 1], 2)
     assert s.tolist() == [1.0, 2.0, 4.0, 10.0, 15.0]
+
+
+def test_best_f1_with_ties_is_an_upper_bound():
+    y = np.array([1, 0, 1, 1, 0, 0, 1])
+    s = np.array([0.9, 0.9, 0.5, 0.7, 0.2, 0.5, 0.1])
+    best = m.best_f1(y, s)["f1"]
+    for thr in np.unique(s):
+        assert m.prf(y, s >= thr)["f1"] <= best + 1e-12
+    # cut at 0.5 flags 0.9, 0.9, 0.7, 0.5, 0.5: tp=3, fp=2 -> F1 = 6/9
+    assert best == pytest.approx(max(6 / 9, m.prf(y, s >= 0.1)["f1"]))
