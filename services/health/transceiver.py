@@ -157,8 +157,8 @@ def _one(rng: np.random.Generator, name: str, kind: str) -> Entity:
     m = _Module(rng, n, t)
     if failing:
         _failure(m, kind, f, warn)
-    else:
-        _alarming(m, kind, SPAN_H) if kind != "healthy" else None
+    elif kind != "healthy":
+        _alarming(m, kind, SPAN_H)
     m.couple()
     return Entity(name, t, _observe(m, rng), float(f), kind, float(warn))
 

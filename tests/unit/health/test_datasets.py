@@ -30,9 +30,7 @@ def test_generator_ranges_and_mix():
     assert 3.2 < np.nanmin(vcc) and np.nanmax(vcc) < 3.4
     missing = np.isnan(healthy[:, 0]).mean()
     assert 0.005 < missing < 0.1
-    # counters only ever grow
-    fec = healthy[:, ch.index("fec_corrected")]
-    assert np.all(np.diff(fec[~np.isnan(fec)]) >= 0) or True  # per module checked below
+    # counters only ever grow within a module
     for e in ents[:10]:
         col = e.x[:, ch.index("fec_corrected")]
         assert np.all(np.diff(col[~np.isnan(col)]) >= 0)
