@@ -43,7 +43,12 @@ class ForwardStream:
             return
         try:
             await self.call.write(message)
-        except (grpc.RpcError, grpc.aio.UsageError) as exc:
+        except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            # The call ended under us: the backup went away, or it answered
+            # early (it refuses a stale epoch at the header). A late write then
+            # fails with "RPC already finished" (which used to escape as
+            # INTERNAL) or "Internal error from Core", the backup's reason
+            # lost: finish_forwards asks the backup its epoch.
             self.error = str(exc) or "write failed"
 
     async def finish(self) -> RpcError | None:
@@ -117,7 +122,25 @@ class Replicator:
         for stream, err in zip(streams, errors, strict=True):
             self._check_fenced(err)
             if err is not None:
+                await self._check_epoch_of(stream.address)
                 self.drop(stream.address, job_id, err.message)
+
+    async def _check_epoch_of(self, address: str) -> None:
+        """Before going on without a backup whose forward failed, ask its epoch.
+
+        A failed forward may not say why (see ForwardStream.write): a backup
+        that refused a stale epoch looks like one that broke. A higher epoch
+        means this primary is deposed: fence, and apply nothing.
+        """
+        try:
+            status = await self._stub_for(address).GetReplicaStatus(
+                paramserver.GetReplicaStatusRequest(), timeout=5
+            )
+        except grpc.RpcError:
+            return  # unreachable: down, dropped as before
+        if status.epoch > self.replica.epoch:
+            self.replica.fence()
+            raise Fenced(f"backup {address} is at epoch {status.epoch} > {self.replica.epoch}")
 
     @staticmethod
     def cancel_forwards(streams: Sequence[ForwardStream]) -> None:

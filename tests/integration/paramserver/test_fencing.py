@@ -72,9 +72,11 @@ async def test_partitioned_primary_is_fenced_and_a_revived_one_cannot_write(laun
                 signal_group(a, signal.SIGCONT)
             assert (await status(stub_for(a.address))).role == common.REPLICA_ROLE_PRIMARY
 
-            # a writer that still believes in epoch 1 goes to the old primary
+            # a writer that still believes in epoch 1 goes to the old primary; tiny
+            # chunks keep it forwarding after the backup refused the header
+            stale = push_messages(JOB, 2, 0, grads(5.0), 2, epoch=1, chunk_bytes=4)
             await expect_error(
-                push_raw(stub_for(a.address), push_messages(JOB, 2, 0, grads(5.0), 2, epoch=1)),
+                push_raw(stub_for(a.address), stale),
                 Code.FAILED_PRECONDITION,
                 DEPOSED,
             )
