@@ -11,7 +11,7 @@ from services.paramserver import job as jobmod
 from services.paramserver.consistency import Mode, Verdict
 from services.paramserver.job import Entry, JobModel, check_finite, rules_from
 from stalwart import codec
-from stalwart.api import common, paramserver
+from stalwart.api import common
 from stalwart.errors import ErrorKind, StalwartError
 
 from .builders import (
