@@ -31,7 +31,7 @@ from google.protobuf import message as pb_message
 from google.protobuf import timestamp_pb2
 from prometheus_client import Counter
 
-from stalwart import codec
+from stalwart import chunkpatch, codec
 from stalwart.api import common
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.retention import CheckpointInfo, RetentionPolicy, newest_first, unreferenced_chunks
@@ -76,10 +76,11 @@ class WriteStats:
     """What one write cost: every chunk counted once per reference."""
 
     total_chunks: int = 0
-    written_chunks: int = 0
+    written_chunks: int = 0  # whole chunks and patches stored
     total_bytes: int = 0
     written_bytes: int = 0
     seconds: float = 0.0
+    patched_chunks: int = 0  # of written_chunks, those stored as a patch
 
     @property
     def reused_chunks(self) -> int:
@@ -89,6 +90,33 @@ class WriteStats:
     def size_ratio(self) -> float:
         """Full size over written size: how much smaller than a full checkpoint."""
         return self.total_bytes / self.written_bytes if self.written_bytes else float("inf")
+
+
+@dataclass
+class PatchBase:
+    """Whole chunks a writer may store later chunks as patches against (row-level deltas).
+
+    The writer keeps it in memory between checkpoints of one job: for every
+    place (shard, tensor, byte offset) the hash and bytes of the chunk last
+    stored *whole* there. A later chunk at that place whose changed blocks make
+    a patch of at most ``max_fraction`` of the chunk is stored as that patch;
+    otherwise it is stored whole and becomes the new base. Patches are
+    cumulative against the base (not chained through parents), so reading
+    needs two blobs at most, and deleting any checkpoint breaks no other: the
+    manifests list the bases they patch, so retention keeps them.
+    """
+
+    block_bytes: int = chunkpatch.DEFAULT_BLOCK_BYTES
+    max_fraction: float = 0.5
+    chunks: dict[tuple[int, str, int], tuple[str, bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        chunkpatch.check_block_bytes(self.block_bytes)
+
+
+def stored_keys(ref: common.ChunkRef) -> tuple[str, ...]:
+    """The store entries a chunk reference needs: the chunk, or its base and patch."""
+    return (ref.base_hash, ref.patch_hash) if ref.patch_hash else (ref.hash,)
 
 
 def check_chunk_bytes(chunk_bytes: int) -> int:
@@ -109,13 +137,16 @@ def write_tensors(
     skip: Collection[str] = (),
     workers: int = DEFAULT_WORKERS,
     before_put: Callable[[str], None] | None = None,
+    patch_base: PatchBase | None = None,
 ) -> tuple[list[common.CheckpointTensor], WriteStats]:
     """Store the tensors' chunks; return their CheckpointTensors and the cost.
 
-    A chunk is not written when its hash is in ``skip`` (the parent's chunks:
-    no round trip needed), was written earlier in this call, or the store
-    already has it. The tensors must not change during the call: pass a
-    snapshot. ``before_put`` is called with each hash about to be written
+    A chunk is not written when its hash is in ``skip`` (the parent's stored
+    keys: no round trip needed), was written earlier in this call, or the
+    store already has it. With ``patch_base`` a changed chunk may be stored as
+    a patch against the base chunk at its place (see :class:`PatchBase`, which
+    this call updates). The tensors must not change during the call: pass a
+    snapshot. ``before_put`` is called with each key about to be written
     (tests use it to slow an upload down).
     """
     chunk_bytes = check_chunk_bytes(chunk_bytes)
@@ -123,21 +154,64 @@ def write_tensors(
     stats = WriteStats()
     claimed: set[str] = set(skip)
     claim_lock = threading.Lock()
+    known_bases: set[str] = set(skip)  # bases proven stored (the parent's, or checked)
 
-    def store_piece(piece: memoryview) -> tuple[common.ChunkRef, bool]:
+    def put(key: str, data: bytes) -> None:
+        if before_put is not None:
+            before_put(key)
+        store.put_chunk(key, data)
+
+    def try_patch(place, ref: common.ChunkRef, data: bytes) -> int | None:
+        """Store ``data`` as a patch against the base at ``place``; bytes written, or None."""
+        base = patch_base.chunks.get(place) if patch_base is not None else None
+        if base is None or len(base[1]) != len(data):
+            return None
+        blocks = chunkpatch.changed_blocks(base[1], data, patch_base.block_bytes)
+        size = chunkpatch.patch_size(len(data), patch_base.block_bytes, blocks)
+        if size > patch_base.max_fraction * len(data):
+            return None
+        # the base must still be stored (garbage collection may have taken it):
+        # publish would refuse a manifest naming a missing base
+        if base[0] not in known_bases:
+            if not store.has_chunk(base[0]):
+                del patch_base.chunks[place]
+                return None
+            known_bases.add(base[0])
+        patch = chunkpatch.make_patch(data, patch_base.block_bytes, blocks)
+        ref.base_hash, ref.patch_hash = base[0], hashlib.sha256(patch).hexdigest()
+        ref.patch_size, ref.patch_crc32c = len(patch), crc32c(patch)
+        with claim_lock:
+            if ref.patch_hash in claimed:
+                return 0
+            claimed.add(ref.patch_hash)
+        if store.has_chunk(ref.patch_hash):
+            return 0
+        put(ref.patch_hash, patch)
+        return len(patch)
+
+    def store_piece(job) -> tuple[common.ChunkRef, int, bool]:
+        """(ref, bytes written, stored as a patch)."""
+        index, offset, piece = job
         data = bytes(piece)
         ref = common.ChunkRef(hash=hashlib.sha256(data).hexdigest(), size=len(data))
         ref.crc32c = crc32c(data)
         with claim_lock:  # identical chunks (zeroed state) are written once
             if ref.hash in claimed:
-                return ref, False
-            claimed.add(ref.hash)
+                return ref, 0, False
         if store.has_chunk(ref.hash):
-            return ref, False
-        if before_put is not None:
-            before_put(ref.hash)
-        store.put_chunk(ref.hash, data)
-        return ref, True
+            return ref, 0, False
+        place = (items[index].shard, items[index].name, offset)
+        patched = try_patch(place, ref, data)
+        if patched is not None:
+            return ref, patched, True
+        with claim_lock:
+            if ref.hash in claimed:
+                return ref, 0, False
+            claimed.add(ref.hash)
+        put(ref.hash, data)
+        if patch_base is not None:
+            patch_base.chunks[place] = (ref.hash, data)  # stored whole: the new base here
+        return ref, len(data), False
 
     out: list[common.CheckpointTensor] = []
     views = [codec.byte_view(item.tensor) for item in items]
@@ -148,18 +222,19 @@ def write_tensors(
             )
         )
     jobs = [
-        (index, view[offset : offset + chunk_bytes])
+        (index, offset, view[offset : offset + chunk_bytes])
         for index, view in enumerate(views)
         for offset in range(0, len(view), chunk_bytes)
     ]
-    results = _bounded_map(lambda job: store_piece(job[1]), jobs, workers)
-    for (index, _), (ref, written) in zip(jobs, results, strict=True):
+    results = _bounded_map(store_piece, jobs, workers)
+    for (index, _, _), (ref, written, patched) in zip(jobs, results, strict=True):
         out[index].chunks.append(ref)
         stats.total_chunks += 1
         stats.total_bytes += ref.size
         if written:
             stats.written_chunks += 1
-            stats.written_bytes += ref.size
+            stats.written_bytes += written
+            stats.patched_chunks += patched
     stats.seconds = time.perf_counter() - started
     CHUNKS_WRITTEN.inc(stats.written_chunks)
     CHUNKS_REUSED.inc(stats.reused_chunks)
@@ -185,7 +260,8 @@ def _bounded_map(fn, items: Sequence, workers: int) -> Iterator:
 
 
 def chunk_hashes(tensors: Iterable[common.CheckpointTensor]) -> set[str]:
-    return {ref.hash for t in tensors for ref in t.chunks}
+    """Every store entry the tensors need (a patched chunk needs its base and patch)."""
+    return {key for t in tensors for ref in t.chunks for key in stored_keys(ref)}
 
 
 # --- manifests ----------------------------------------------------------------------
@@ -314,33 +390,53 @@ class ReadStats:
 
 
 def fetch_chunk(store: Store, ref: common.ChunkRef, where: str = "") -> bytes:
-    """A chunk's bytes after checking size, CRC32C and SHA-256; DATA_LOSS otherwise."""
+    """A chunk's bytes after checking size, CRC32C and SHA-256; DATA_LOSS otherwise.
+
+    A patched chunk is rebuilt from its base and patch, each checked against
+    its own hash (and the patch against its CRC32C) before use, and the result
+    checked like a plain chunk."""
     name = f"chunk {ref.hash}" + (f" ({where})" if where else "")
+    if not ref.patch_hash:
+        return _fetch_blob(store, ref.hash, ref.size, ref.crc32c, name)
+    base = _fetch_blob(store, ref.base_hash, ref.size, None, f"base {ref.base_hash} of {name}")
+    patch = _fetch_blob(
+        store, ref.patch_hash, ref.patch_size, ref.patch_crc32c, f"patch {ref.patch_hash} of {name}"
+    )
+    data = chunkpatch.apply_patch(base, patch)
+    _check_blob(store, data, ref.hash, ref.size, ref.crc32c, f"{name} rebuilt from its patch")
+    return data
+
+
+def _fetch_blob(store: Store, key: str, size: int, crc: int | None, name: str) -> bytes:
     try:
-        data = store.get_chunk(ref.hash, verify=False)  # verified below, with the CRC too
+        data = store.get_chunk(key, verify=False)  # verified below, with the CRC too
     except StalwartError as exc:
         if exc.kind is ErrorKind.NOT_FOUND:
             raise StalwartError(
-                ErrorKind.DATA_LOSS, f"{name} is missing from {store.url}", chunk=ref.hash
+                ErrorKind.DATA_LOSS, f"{name} is missing from {store.url}", chunk=key
             ) from None
         raise
-    if len(data) != ref.size:
+    _check_blob(store, data, key, size, crc, name)
+    return data
+
+
+def _check_blob(store: Store, data: bytes, key: str, size: int, crc: int | None, name: str) -> None:
+    if len(data) != size:
         raise StalwartError(
             ErrorKind.DATA_LOSS,
-            f"{name} holds {len(data)} bytes, the manifest says {ref.size}",
-            chunk=ref.hash,
+            f"{name} holds {len(data)} bytes, the manifest says {size}",
+            chunk=key,
         )
-    if crc32c(data) != ref.crc32c:
+    if crc is not None and crc32c(data) != crc:
         raise StalwartError(
-            ErrorKind.CHECKSUM_MISMATCH, f"{name} failed its CRC32C in {store.url}", chunk=ref.hash
+            ErrorKind.CHECKSUM_MISMATCH, f"{name} failed its CRC32C in {store.url}", chunk=key
         )
-    if hashlib.sha256(data).hexdigest() != ref.hash:
+    if hashlib.sha256(data).hexdigest() != key:
         raise StalwartError(
             ErrorKind.CHECKSUM_MISMATCH,
             f"{name} does not match its SHA-256 in {store.url}",
-            chunk=ref.hash,
+            chunk=key,
         )
-    return data
 
 
 def read_tensors(
@@ -413,10 +509,10 @@ def verify(
         report.ok = False
         report.problems.append(exc.message)
         return report
-    refs: dict[str, tuple[common.ChunkRef, str]] = {}
+    refs: dict[tuple[str, str], tuple[common.ChunkRef, str]] = {}
     for t in manifest.tensors:
         for i, ref in enumerate(t.chunks):
-            refs.setdefault(ref.hash, (ref, f"#{i} of tensor {t.spec.name}"))
+            refs.setdefault((ref.hash, ref.patch_hash), (ref, f"#{i} of tensor {t.spec.name}"))
 
     def check(item: tuple[common.ChunkRef, str]) -> str:
         try:
@@ -571,18 +667,27 @@ def copy_checkpoint(
     target lacks, each verified on the way, then the manifest, last."""
     started = time.perf_counter()
     stats = WriteStats()
-    refs: dict[str, common.ChunkRef] = {}
+    refs: dict[tuple[str, str], common.ChunkRef] = {}
     for t in manifest.tensors:
         for ref in t.chunks:
-            refs.setdefault(ref.hash, ref)
+            refs.setdefault((ref.hash, ref.patch_hash), ref)
             stats.total_chunks += 1
             stats.total_bytes += ref.size
 
     def copy(ref: common.ChunkRef) -> int:
-        if target.has_chunk(ref.hash):
+        missing = [k for k in stored_keys(ref) if not target.has_chunk(k)]
+        if not missing:
             return 0
-        target.put_chunk(ref.hash, fetch_chunk(source, ref))
-        return ref.size
+        data = fetch_chunk(source, ref)  # a patch: base, patch and their result verified
+        if not ref.patch_hash:
+            target.put_chunk(ref.hash, data)
+            return ref.size
+        written = 0
+        for key in missing:
+            blob = source.get_chunk(key, verify=True)
+            target.put_chunk(key, blob)
+            written += len(blob)
+        return written
 
     for written in _bounded_map(copy, list(refs.values()), workers):
         if written:

@@ -15,7 +15,8 @@ Everything is measured in the same run, per backend URL given:
   without checkpoints is reported too: on a machine with few cores the
   background upload competes with training for CPU;
 - **delta size**: an embedding table with 1% of its rows (uniformly random)
-  changed per interval; full checkpoint bytes over delta bytes, per chunk size.
+  changed per interval; full checkpoint bytes over delta bytes, per chunk size
+  (whole-chunk deltas) and with row-level patches (``patch_chunk_*``).
   Backend-independent (it counts bytes), so measured once, on the first URL.
 """
 
@@ -220,25 +221,35 @@ def delta_size(
     rows = table_mib * MIB // (4 * dim)
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     out = {"table_bytes": rows * dim * 4, "rows": rows, "touched_fraction": touched}
-    for chunk in chunk_sizes:
+    # whole-chunk deltas per chunk size, then row-level ones (patches of one
+    # row per block) with the default chunk size
+    variants = [(f"chunk_{c}", c, None) for c in chunk_sizes]
+    variants.append((f"patch_chunk_{ckpt.DEFAULT_CHUNK_BYTES}_block_{dim * 4}",
+                     ckpt.DEFAULT_CHUNK_BYTES, dim * 4))  # fmt: skip
+    for label, chunk, block in variants:
+        base = ckpt.PatchBase(block_bytes=block) if block else None
         table = torch.randn(rows, dim, generator=gen)
         items = [ckpt.TensorItem("table.weight", table)]
-        refs, full = ckpt.write_tensors(store, items, chunk_bytes=chunk)
+        refs, full = ckpt.write_tensors(store, items, chunk_bytes=chunk, patch_base=base)
         seen = ckpt.chunk_hashes(refs)
         written = []
         for _ in range(intervals):
             picked = torch.randperm(rows, generator=gen)[: max(1, int(rows * touched))]
             table[picked] += 1e-3
             refs, stats = ckpt.write_tensors(
-                store, items, chunk_bytes=chunk, skip=ckpt.chunk_hashes(refs)
+                store, items, chunk_bytes=chunk, skip=ckpt.chunk_hashes(refs), patch_base=base
             )
             written.append(stats.written_bytes)
             seen |= ckpt.chunk_hashes(refs)
-        out[f"chunk_{chunk}"] = {
+        out[label] = {
             "full_bytes": full.total_bytes,
             "delta_bytes": int(statistics.mean(written)),
             "delta_size_ratio": round(full.total_bytes / max(1, statistics.mean(written)), 2),
         }
+        if block:
+            # patches are cumulative against their base: the n-th interval's
+            # patch holds every row changed since the base was written
+            out[label]["delta_bytes_per_interval"] = written
         # the chunks are nobody's checkpoint: remove them (random data: this table's only)
         for h in seen:
             store.delete_chunk(h)
