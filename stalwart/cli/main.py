@@ -8,7 +8,8 @@ import sys
 import typer
 
 from stalwart import __version__
-from stalwart.cli import bench, ps
+from stalwart.cli import admin, bench, jobs, ps
+from stalwart.cli import cluster as cluster_cli
 
 app = typer.Typer(
     help="Stalwart: self-healing distributed PyTorch training.",
@@ -17,6 +18,10 @@ app = typer.Typer(
 )
 app.add_typer(ps.app, name="ps")
 app.add_typer(bench.app, name="bench")
+app.add_typer(jobs.app, name="job")
+app.command("jobs")(jobs.jobs)
+admin.register(app)
+cluster_cli.register(app)
 
 # Services run as their own processes: the CLI starts them with exec, it never
 # imports their code (the library stays independent of services/).

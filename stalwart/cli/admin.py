@@ -1,0 +1,182 @@
+"""``stalwart status | nodes | drain | failover``: the cluster as the coordinator sees it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from stalwart.api import common, coordinator
+from stalwart.cli import target
+from stalwart.cli.output import (
+    OUTPUT_OPTION,
+    Output,
+    cli_errors,
+    emit_json,
+    emit_mapping,
+    emit_table,
+    to_data,
+)
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.errors import RpcError
+
+
+def enum_name(enum_type, value: int, prefix: str) -> str:
+    """``NODE_STATE_ALIVE`` -> ``alive``; unknown numbers stay numbers."""
+    try:
+        return enum_type.Name(value).removeprefix(prefix).lower()
+    except ValueError:
+        return str(value)
+
+
+def node_row(n: coordinator.Node) -> tuple:
+    role = enum_name(common.NodeRole, n.role, "NODE_ROLE_")
+    if n.role == common.NODE_ROLE_PARAMSERVER:
+        work = f"shard {n.shard} {enum_name(common.ReplicaRole, n.replica_role, 'REPLICA_ROLE_')}"
+    elif n.job_id:
+        work = f"{n.job_id} " + (f"slot {n.slot}" if n.slot >= 0 else "standby")
+    else:
+        work = "standby (idle)" if n.standby else "idle"
+    ema = f"{n.step_time_ema_seconds * 1000:.0f} ms" if n.step_time_ema_seconds else ""
+    state = enum_name(coordinator.NodeState, n.state, "NODE_STATE_")
+    return (n.node_id, role, state, n.address, work, f"{n.health_score:.2f}", ema)
+
+
+NODE_COLUMNS = ["node", "role", "state", "address", "work", "health", "step time"]
+
+
+def job_row(j: coordinator.Job) -> tuple:
+    state = enum_name(coordinator.JobState, j.state, "JOB_STATE_")
+    held = sum(1 for s in j.slots if s.node_id)
+    return (j.job_id, j.spec.model, state, f"{j.step}/{j.spec.steps}",
+            f"{held}/{j.spec.num_slots}", j.reason)  # fmt: skip
+
+
+JOB_COLUMNS = ["job", "model", "state", "step", "slots held", "reason"]
+
+
+async def _status(client: CoordinatorClient) -> dict:
+    leader = await client.cluster_status()
+    replicas = []
+    for address in client.addresses:
+        try:
+            st = await client.replica_status(address)
+            replicas.append({"address": address, "reachable": True, "is_leader": st.is_leader})
+        except RpcError as err:
+            replicas.append({"address": address, "reachable": False, "error": err.message})
+    nodes, jobs = await asyncio.gather(client.all_nodes(), client.all_jobs())
+    return {"leader": leader, "replicas": replicas, "nodes": nodes, "jobs": jobs}
+
+
+def status(
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:
+    """Leader, epoch, coordinator replicas, nodes and jobs."""
+    data = target.call(coordinator_, run_dir, timeout, _status)
+    leader = data["leader"]
+    if output is Output.json:
+        return emit_json(
+            {
+                "leader_id": leader.leader_id,
+                "leader_address": leader.leader_address,
+                "epoch": leader.epoch,
+                "store_url": leader.store_url,
+                "nodes_alive": leader.nodes_alive,
+                "jobs_running": leader.jobs_running,
+                "replicas": data["replicas"],
+                "nodes": [to_data(n) for n in data["nodes"]],
+                "jobs": [to_data(j) for j in data["jobs"]],
+            }
+        )
+    emit_mapping(
+        "cluster",
+        {
+            "leader": f"{leader.leader_id} at {leader.leader_address}",
+            "epoch": leader.epoch,
+            "store": leader.store_url,
+            "nodes alive": leader.nodes_alive,
+            "jobs running": leader.jobs_running,
+        },
+    )
+    emit_table(
+        "coordinator replicas",
+        ["address", "role"],
+        [
+            (r["address"], ("leader" if r["is_leader"] else "standby") if r["reachable"]
+             else f"unreachable: {r['error']}")
+            for r in data["replicas"]
+        ],
+    )  # fmt: skip
+    emit_table("nodes", NODE_COLUMNS, [node_row(n) for n in data["nodes"]])
+    emit_table("jobs", JOB_COLUMNS, [job_row(j) for j in data["jobs"]])
+
+
+def nodes(
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:
+    """Every registered node: role, state, what it holds, health, step time."""
+    found = target.call(coordinator_, run_dir, timeout, lambda c: c.all_nodes())
+    if output is Output.json:
+        return emit_json([to_data(n) for n in found])
+    emit_table("nodes", NODE_COLUMNS, [node_row(n) for n in found])
+
+
+def drain(
+    node: str = typer.Argument(..., help="node id, as `stalwart nodes` shows it"),
+    reason: str = typer.Option("drained from the CLI", help="recorded with the drain"),
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:
+    """Move a node's slot to a standby (or a free trainer), then give it no more work."""
+    found = target.call(coordinator_, run_dir, timeout, lambda c: c.drain_node(node, reason))
+    if output is Output.json:
+        return emit_json(found)
+    emit_table("drained", NODE_COLUMNS, [node_row(found)])
+
+
+def failover(
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:
+    """Ask the leader coordinator to step down; a standby replica takes over."""
+
+    async def go(client: CoordinatorClient) -> dict:
+        before = await client.cluster_status()
+        old_epoch = await client.step_down()
+        after = before
+        for _ in range(int(timeout / 0.1) + 1):  # bounded: the new leader needs ~0.1-1 s
+            await asyncio.sleep(0.1)
+            try:
+                after = await client.cluster_status()
+            except RpcError:
+                continue
+            if after.epoch > old_epoch and after.leader_address:
+                break
+        return {
+            "old_leader": before.leader_id,
+            "old_epoch": old_epoch,
+            "new_leader": after.leader_id if after.epoch > old_epoch else "",
+            "new_epoch": after.epoch,
+        }
+
+    result = target.call(coordinator_, run_dir, timeout, go)
+    if output is Output.json:
+        return emit_json(result)
+    emit_mapping("failover", result)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to the top-level app (they read best without a group name)."""
+    for fn in (status, nodes, drain, failover):
+        app.command(fn.__name__)(cli_errors(fn))

@@ -1,0 +1,98 @@
+"""``stalwart up`` / ``stalwart down``: a local cluster of processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from stalwart import cluster
+from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit_json, emit_table, fail
+from stalwart.cli.target import RUN_DIR
+
+RUNS_ROOT = typer.Option(
+    cluster.DEFAULT_RUNS_ROOT, "--runs-root", help="where run folders go (runs/<timestamp>)"
+)
+
+
+def members_table(title: str, local: cluster.LocalCluster) -> None:
+    emit_table(
+        title,
+        ["name", "role", "started as", "address", "pid"],
+        [
+            (m.name, m.role + (f" {m.shard}" if m.shard >= 0 else ""), m.started_as,
+             m.address, m.pid)
+            for m in local.members
+        ],
+    )  # fmt: skip
+
+
+def cluster_data(local: cluster.LocalCluster) -> dict:
+    return {
+        "run_dir": str(local.run_dir),
+        "store_url": local.store_url,
+        "coordinators": local.coordinator_addresses,
+        "stopped": local.stopped_at is not None,
+        "members": [vars(m) for m in local.members],
+    }
+
+
+def up(
+    trainers: int = typer.Option(3, min=0, help="trainers that take slots"),
+    standbys: int = typer.Option(1, min=0, help="warm standby trainers"),
+    shards: int = typer.Option(1, min=1, help="paramserver shard groups"),
+    backups: int = typer.Option(1, min=0, help="backups per shard group"),
+    store_url: str = typer.Option(
+        "", help="coordination store; default: a fresh shm:///dev/shm/stalwart/<run>"
+    ),
+    runs_root: Path = RUNS_ROOT,
+    timeout: float = typer.Option(180.0, min=1, help="longest wait for everything to serve"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Start 2 coordinators, paramserver groups, trainers and standbys as local processes."""
+    config = cluster.ClusterConfig(
+        trainers=trainers, standbys=standbys, shards=shards, backups=backups,
+        store_url=store_url, runs_root=runs_root, start_timeout_s=timeout,
+    )  # fmt: skip
+    console = Console(stderr=True)
+    try:
+        with console.status("starting processes (imports take a while on a small machine)…"):
+            local = cluster.start(config)
+            try:
+                asyncio.run(cluster.wait_healthy(local, timeout))
+            except cluster.ClusterError:
+                local.stop(timeout_s=5)
+                raise
+    except cluster.ClusterError as exc:
+        fail(str(exc).splitlines()[0] + " (logs in the run folder)", ExitCode.FAILED)
+    if output is Output.json:
+        return emit_json(cluster_data(local))
+    members_table(f"cluster up in {local.run_dir}", local)
+    console.print(
+        f"logs: {local.log_dir}\ncoordinators: {','.join(local.coordinator_addresses)}\n"
+        "next: stalwart status, stalwart job submit --wait, stalwart down"
+    )
+
+
+def down(
+    run_dir: Path | None = RUN_DIR,
+    runs_root: Path = RUNS_ROOT,
+    timeout: float = typer.Option(15.0, min=0, help="SIGTERM grace before SIGKILL, seconds"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Stop a local cluster (SIGTERM, then SIGKILL after --timeout) and free its store."""
+    try:
+        folder = cluster.find_run(run_dir, runs_root)
+        local = cluster.stop_run(folder, timeout)
+    except cluster.ClusterError as exc:
+        fail(str(exc), ExitCode.INVALID_INPUT)
+    if output is Output.json:
+        return emit_json(cluster_data(local))
+    Console().print(f"stopped {len(local.members)} processes of {local.run_dir}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(up)
+    app.command()(down)

@@ -1,0 +1,252 @@
+"""``stalwart jobs`` and ``stalwart job submit | get | cancel``."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from stalwart.api import common, coordinator
+from stalwart.cli import target
+from stalwart.cli.admin import JOB_COLUMNS, enum_name, job_row
+from stalwart.cli.output import (
+    OUTPUT_OPTION,
+    ExitCode,
+    Output,
+    cli_errors,
+    emit_json,
+    emit_mapping,
+    emit_table,
+    fail,
+    to_data,
+)
+from stalwart.client.coordinator import CoordinatorClient
+
+app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_help=True)
+
+# Defaults of the built-in models, as stalwart.models.registry.default_spec has
+# them (a unit test keeps the two equal). Kept here so that submitting a job does
+# not import torch, which takes seconds.
+BUILTIN_DEFAULTS: dict[str, dict] = {
+    "digits-cnn": dict(slots=3, steps=400, batch_size=64, optimizer="adam", lr=2e-3),
+    "mlp": dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3),
+    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=0.5),
+}
+FALLBACK = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
+
+FINISHED = {
+    coordinator.JOB_STATE_SUCCEEDED,
+    coordinator.JOB_STATE_FAILED,
+    coordinator.JOB_STATE_CANCELLED,
+}
+
+
+class OptimizerName(enum.StrEnum):
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"
+
+
+class Mode(enum.StrEnum):
+    sync = "sync"
+    async_ = "async"
+    ssp = "ssp"
+
+
+_OPTIMIZERS = {
+    "sgd": common.OPTIMIZER_KIND_SGD,
+    "adam": common.OPTIMIZER_KIND_ADAM,
+    "adamw": common.OPTIMIZER_KIND_ADAMW,
+}
+_MODES = {
+    "sync": common.CONSISTENCY_MODE_SYNC,
+    "async": common.CONSISTENCY_MODE_ASYNC,
+    "ssp": common.CONSISTENCY_MODE_SSP,
+}
+
+
+def build_spec(
+    model: str,
+    slots: int | None,
+    steps: int | None,
+    batch_size: int | None,
+    seed: int,
+    optimizer: str | None,
+    lr: float | None,
+    momentum: float,
+    weight_decay: float,
+    mode: str,
+    staleness: int,
+    shards: int,
+    args: list[str],
+) -> coordinator.JobSpec:
+    """A JobSpec from the flags, the model's defaults filling what was not given.
+
+    Only the shape of the input is checked here (``--arg`` is key=value); the
+    coordinator validates the spec and answers INVALID_ARGUMENT with a reason.
+    """
+    defaults = BUILTIN_DEFAULTS.get(model, FALLBACK)
+    model_args = {}
+    for item in args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--arg {item!r}: expected key=value", ExitCode.INVALID_INPUT)
+        model_args[key] = value
+    return coordinator.JobSpec(
+        model=model,
+        model_args=model_args,
+        num_slots=defaults["slots"] if slots is None else slots,
+        steps=defaults["steps"] if steps is None else steps,
+        batch_size=defaults["batch_size"] if batch_size is None else batch_size,
+        seed=seed,
+        num_shards=shards,
+        optimizer=common.OptimizerSpec(
+            kind=_OPTIMIZERS[optimizer or defaults["optimizer"]],
+            lr=defaults["lr"] if lr is None else lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+        ),
+        consistency=common.ConsistencySpec(mode=_MODES[mode], staleness=staleness),
+    )
+
+
+def job_details(job: coordinator.Job) -> dict:
+    spec = job.spec
+    return {
+        "job": job.job_id,
+        "state": enum_name(coordinator.JobState, job.state, "JOB_STATE_"),
+        "reason": job.reason,
+        "step": f"{job.step}/{spec.steps}",
+        "model": spec.model + (f" {dict(spec.model_args)}" if spec.model_args else ""),
+        "slots": ", ".join(f"{s.slot}:{s.node_id or '-'}" for s in job.slots)
+        or str(spec.num_slots),
+        "batch size": spec.batch_size,
+        "seed": spec.seed,
+        "optimizer": f"{enum_name(common.OptimizerKind, spec.optimizer.kind, 'OPTIMIZER_KIND_')}"
+        f" lr={spec.optimizer.lr:g}",
+        "mode": enum_name(common.ConsistencyMode, spec.consistency.mode, "CONSISTENCY_MODE_"),
+        "created": job.create_time.ToDatetime().isoformat(timespec="seconds") + "Z",
+    }
+
+
+async def wait_for(
+    client: CoordinatorClient, job: coordinator.Job, timeout_s: float, show: bool
+) -> coordinator.Job:
+    """Poll the job until it finishes (a progress bar on stderr when ``show``)."""
+    deadline = time.monotonic() + timeout_s
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("steps"), TimeElapsedColumn(),
+        console=Console(stderr=True), disable=not show, transient=False,
+    )  # fmt: skip
+    with progress:
+        bar = progress.add_task(job.job_id, total=job.spec.steps)
+        while job.state not in FINISHED:
+            if time.monotonic() > deadline:
+                fail(
+                    f"job {job.job_id} still {enum_name(coordinator.JobState, job.state, 'JOB_STATE_')}"
+                    f" at step {job.step} after {timeout_s:.0f}s",
+                    ExitCode.FAILED,
+                )
+            await asyncio.sleep(0.5)
+            job = await client.get_job(job.job_id)
+            state = enum_name(coordinator.JobState, job.state, "JOB_STATE_")
+            progress.update(bar, completed=job.step, description=f"{job.job_id} {state}")
+    return job
+
+
+@app.command()
+@cli_errors
+def submit(
+    model: str = typer.Option("digits-cnn", help="built-in (digits-cnn, mlp, embedding) or package.module:function"),
+    slots: int | None = typer.Option(None, help="data-parallel slots (trainers); default per model"),
+    steps: int | None = typer.Option(None, help="steps to train; default per model"),
+    batch_size: int | None = typer.Option(None, help="examples per slot per step; default per model"),
+    seed: int = typer.Option(0, min=0, help="seeds weights and every batch: same seed, same run"),
+    optimizer: OptimizerName | None = typer.Option(None, help="default per model"),
+    lr: float | None = typer.Option(None, help="learning rate; default per model"),
+    momentum: float = typer.Option(0.0, help="SGD momentum"),
+    weight_decay: float = typer.Option(0.0, help="weight decay"),
+    mode: Mode = typer.Option(Mode.sync, help="consistency: sync (bitwise reproducible), async, ssp"),
+    staleness: int = typer.Option(0, help="SSP: most versions a push may lag"),
+    shards: int = typer.Option(1, help="paramserver shard groups the job uses"),
+    arg: list[str] = typer.Option([], "--arg", help="model argument key=value (repeat), e.g. width=8"),
+    job_id: str = typer.Option("", help="job id; default: generated"),
+    wait: bool = typer.Option(False, "--wait", help="follow the job with a progress bar until it ends"),
+    wait_timeout: float = typer.Option(3600.0, help="longest --wait, seconds"),
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:  # fmt: skip
+    """Submit a training job; with --wait, follow it to the end (exit 1 unless it succeeds)."""
+    spec = build_spec(model, slots, steps, batch_size, seed, optimizer, lr, momentum,
+                      weight_decay, mode.value, staleness, shards, arg)  # fmt: skip
+
+    async def go(client: CoordinatorClient) -> coordinator.Job:
+        job = await client.create_job(spec, job_id=job_id)
+        if not wait:
+            return job
+        if output is Output.table:
+            Console(stderr=True).print(f"submitted {job.job_id}")
+        return await wait_for(client, job, wait_timeout, show=output is Output.table)
+
+    job = target.call(coordinator_, run_dir, timeout, go)
+    if output is Output.json:
+        emit_json(job)
+    else:
+        emit_mapping(f"job {job.job_id}", job_details(job))
+    if wait and job.state != coordinator.JOB_STATE_SUCCEEDED:
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+@app.command()
+@cli_errors
+def get(
+    job_id: str = typer.Argument(..., help="job id"),
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:
+    """One job: state, step, who holds each slot, its spec."""
+    job = target.call(coordinator_, run_dir, timeout, lambda c: c.get_job(job_id))
+    if output is Output.json:
+        return emit_json(job)
+    emit_mapping(f"job {job.job_id}", job_details(job))
+
+
+@app.command()
+@cli_errors
+def cancel(
+    job_id: str = typer.Argument(..., help="job id"),
+    reason: str = typer.Option("cancelled from the CLI", help="recorded as the job's reason"),
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:
+    """Cancel a job (a finished job is left as it is)."""
+    job = target.call(coordinator_, run_dir, timeout, lambda c: c.cancel_job(job_id, reason))
+    if output is Output.json:
+        return emit_json(job)
+    emit_mapping(f"job {job.job_id}", job_details(job))
+
+
+@cli_errors
+def jobs(
+    output: Output = OUTPUT_OPTION,
+    coordinator_: str = target.COORDINATOR,
+    run_dir: Path | None = target.RUN_DIR,
+    timeout: float = target.TIMEOUT,
+) -> None:
+    """Every job, newest first."""
+    found = target.call(coordinator_, run_dir, timeout, lambda c: c.all_jobs())
+    if output is Output.json:
+        return emit_json([to_data(j) for j in found])
+    emit_table("jobs", JOB_COLUMNS, [job_row(j) for j in found])

@@ -1,0 +1,467 @@
+"""A local Stalwart cluster: every service a process on loopback, one run folder for all.
+
+``stalwart up`` (and the demo, tests and benchmarks) start, with :func:`start`:
+
+- 2 coordinators sharing one ``shm://`` store (one leads, one is a hot standby);
+- per shard group a paramserver primary and its backup(s), registered with them;
+- N trainers and M warm standbys.
+
+Everything goes under one run folder ``runs/<timestamp>/``: the state file
+``cluster.json`` (names, roles, addresses, pids), and ``logs/<name>.log``.
+``runs/latest`` points at the newest run. The processes live in their own
+sessions, so they outlive ``stalwart up``; ``stalwart down`` reads the state
+file and stops them (:func:`stop_run`). The library never imports the services:
+it starts them as ``python -m services.<role>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from stalwart.api import coordinator
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.errors import RpcError
+from stalwart.procs import ServiceProcess, start_service
+
+STATE_FILE = "cluster.json"
+LATEST = "latest"
+DEFAULT_RUNS_ROOT = Path("runs")
+SHM_ROOT = Path("/dev/shm/stalwart")
+
+# Short shutdown grace: a local cluster should stop in seconds, and trainers
+# only need to finish one step.
+_COMMON_FLAGS = ("--grace-seconds", "3")
+
+MODULES = {
+    "coordinator": "services.coordinator",
+    "paramserver": "services.paramserver",
+    "trainer": "services.trainer",
+}
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be started, found or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What to start. Every field has the default ``stalwart up`` uses."""
+
+    trainers: int = 3
+    """Trainers that take slots."""
+    standbys: int = 1
+    """Warm standby trainers (hold weights, take a dead trainer's slot)."""
+    shards: int = 1
+    """Paramserver shard groups."""
+    backups: int = 1
+    """Backups per shard group (each group also has a primary)."""
+    coordinators: int = 2
+    """Coordinator replicas (one leader, the rest hot standbys)."""
+    store_url: str = ""
+    """Coordination store; empty: a fresh ``shm:///dev/shm/stalwart/<run>``, removed by down."""
+    runs_root: Path = DEFAULT_RUNS_ROOT
+    """Where run folders are made (``<runs_root>/<timestamp>``, ``<runs_root>/latest``)."""
+    run_dir: Path | None = None
+    """Use this run folder instead of a new timestamped one."""
+    start_timeout_s: float = 120.0
+    """Longest one process may take to serve (imports are slow on a loaded machine)."""
+    extra_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """More flags per role (``coordinator``, ``paramserver``, ``trainer``), e.g. timings."""
+    trainer_env: dict[str, str] = field(default_factory=dict)
+    """Environment added to trainers (tests set ``STALWART_FAULTS`` through it)."""
+
+
+@dataclass
+class Member:
+    """One process of the cluster, as written to the state file."""
+
+    name: str
+    role: str  # coordinator | paramserver | trainer
+    address: str
+    pid: int
+    log: str
+    shard: int = -1  # paramservers: their group
+    started_as: str = ""  # paramservers: primary | backup; trainers: slot | standby
+
+
+@dataclass
+class LocalCluster:
+    """A started cluster. Processes are held here when this process started them."""
+
+    run_dir: Path
+    store_url: str
+    owns_store: bool
+    members: list[Member] = field(default_factory=list)
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    config: ClusterConfig = field(default_factory=ClusterConfig)
+    started_at: float = field(default_factory=time.time)
+    stopped_at: float | None = None
+
+    # --- what is where -----------------------------------------------------------
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    def of_role(self, role: str) -> list[Member]:
+        return [m for m in self.members if m.role == role]
+
+    @property
+    def coordinator_addresses(self) -> list[str]:
+        return [m.address for m in self.of_role("coordinator")]
+
+    def paramserver_addresses(self, shard: int) -> list[str]:
+        return [m.address for m in self.of_role("paramserver") if m.shard == shard]
+
+    def member(self, name: str) -> Member:
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise ClusterError(f"no member named {name!r} in {self.run_dir}")
+
+    def by_address(self, address: str) -> Member:
+        for m in self.members:
+            if m.address == address:
+                return m
+        raise ClusterError(f"no member at {address} in {self.run_dir}")
+
+    # --- faults and repairs --------------------------------------------------------
+
+    def kill(self, name: str) -> None:
+        """kill -9 the member's process group: a crash, no goodbye."""
+        proc = self.procs.get(name)
+        if proc is not None:
+            proc.kill()
+        else:
+            _signal_group(self.member(name).pid, signal.SIGKILL)
+
+    def alive(self, name: str) -> bool:
+        proc = self.procs.get(name)
+        return proc.alive() if proc is not None else _is_ours(self.member(name))
+
+    def add(
+        self, role: str, *, shard: int = 0, standby: bool = False, backup: bool = True
+    ) -> Member:
+        """Start one more process of ``role`` (a replacement after a kill) and record it."""
+        count = sum(1 for m in self.members if m.role == role)
+        if role == "coordinator":
+            spec = _coordinator_spec(f"coord-{count}", self.store_url)
+        elif role == "paramserver":
+            spec = _paramserver_spec(
+                f"ps-{shard}-{count}", shard, [], self.coordinator_addresses, backup
+            )
+        else:
+            name = f"{'standby' if standby else 'trainer'}-{count}"
+            spec = _trainer_spec(name, self.coordinator_addresses, standby, self.config)
+        member = self._start(spec)
+        self.save()
+        return member
+
+    # --- life cycle ----------------------------------------------------------------
+
+    def _start(self, spec: _Spec) -> Member:
+        args = [*_COMMON_FLAGS, "--node-id", spec.name, *spec.args,
+                *self.config.extra_args.get(spec.role, ())]  # fmt: skip
+        proc = start_service(MODULES[spec.role], args, self.log_dir, spec.name, env=spec.env,
+                             timeout=self.config.start_timeout_s, cwd=_repo_root())  # fmt: skip
+        self.procs[spec.name] = proc
+        member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
+                        spec.shard, spec.started_as)  # fmt: skip
+        self.members.append(member)
+        return member
+
+    def _start_all(self, specs: Sequence[_Spec], pool: ThreadPoolExecutor) -> list[Member]:
+        return list(pool.map(self._start, specs))
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM every process at once, SIGKILL what is left after ``timeout_s``."""
+        stop_members(self.members, timeout_s)
+        for proc in self.procs.values():
+            if proc.alive():
+                proc.kill()
+            else:
+                proc.popen.poll()  # reap
+        self.stopped_at = time.time()
+        self.save()
+        if self.owns_store:
+            remove_store(self.store_url)
+
+    def save(self) -> None:
+        data = {
+            "run_dir": str(self.run_dir),
+            "store_url": self.store_url,
+            "owns_store": self.owns_store,
+            "started_at": self.started_at,
+            "stopped_at": self.stopped_at,
+            "members": [asdict(m) for m in self.members],
+        }
+        tmp = self.run_dir / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.run_dir / STATE_FILE)  # readers never see half a file
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    role: str
+    args: tuple[str, ...]
+    shard: int = -1
+    started_as: str = ""
+    env: dict[str, str] | None = None
+
+
+def _coordinator_spec(name: str, store_url: str) -> _Spec:
+    return _Spec(name, "coordinator", ("--store-url", store_url))
+
+
+def _paramserver_spec(
+    name: str, shard: int, backups: list[str], coordinators: list[str], backup: bool
+) -> _Spec:
+    args = ["--role", "backup" if backup else "primary", "--shard", str(shard),
+            "--coordinator", ",".join(coordinators)]  # fmt: skip
+    if backups:
+        args += ["--backups", ",".join(backups)]
+    return _Spec(name, "paramserver", tuple(args), shard, "backup" if backup else "primary")
+
+
+def _trainer_spec(
+    name: str, coordinators: list[str], standby: bool, config: ClusterConfig
+) -> _Spec:
+    args = ["--coordinator", ",".join(coordinators)] + (["--standby"] if standby else [])
+    return _Spec(name, "trainer", tuple(args), -1, "standby" if standby else "slot",
+                 dict(config.trainer_env) or None)  # fmt: skip
+
+
+# --- starting ---------------------------------------------------------------------------
+
+
+def new_run_dir(runs_root: Path) -> Path:
+    """``<runs_root>/<UTC timestamp>`` (made), and ``<runs_root>/latest`` pointing at it."""
+    runs_root = Path(runs_root)
+    runs_root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run_dir = runs_root / stamp
+    n = 1
+    while run_dir.exists():  # two runs in one second
+        run_dir = runs_root / f"{stamp}-{n}"
+        n += 1
+    run_dir.mkdir()
+    point_latest(runs_root, run_dir)
+    return run_dir
+
+
+def point_latest(runs_root: Path, run_dir: Path) -> None:
+    link = Path(runs_root) / LATEST
+    tmp = Path(runs_root) / f".{LATEST}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_dir.name)  # relative: the runs folder can move
+    tmp.replace(link)
+
+
+def start(config: ClusterConfig | None = None) -> LocalCluster:
+    """Start a whole cluster and return once every process serves.
+
+    Processes start in parallel where they can (the imports, not the work,
+    dominate start-up): the coordinators first; then every paramserver backup,
+    trainer and standby together; each primary as soon as its backups serve.
+    On any failure, what was started is stopped and ClusterError says why.
+    """
+    config = config or ClusterConfig()
+    if config.trainers < 0 or config.standbys < 0 or config.shards < 1 or config.backups < 0:
+        raise ClusterError("need trainers >= 0, standbys >= 0, shards >= 1, backups >= 0")
+    if config.coordinators < 1:
+        raise ClusterError("need at least one coordinator")
+    run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    owns_store = not config.store_url
+    store_url = config.store_url or f"shm://{SHM_ROOT / run_dir.name}"
+    cluster = LocalCluster(run_dir.resolve(), store_url, owns_store, config=config)
+    cluster.save()
+    try:
+        _start_everything(cluster, config)
+    except Exception as exc:
+        cluster.stop(timeout_s=5)
+        raise ClusterError(f"starting the cluster failed: {exc}") from exc
+    cluster.save()
+    return cluster
+
+
+def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
+    workers = config.coordinators + config.shards * (1 + config.backups) + config.trainers
+    with ThreadPoolExecutor(max_workers=max(4, workers + config.standbys)) as pool:
+        coord_specs = [
+            _coordinator_spec(f"coord-{i}", cluster.store_url) for i in range(config.coordinators)
+        ]
+        coords = [m.address for m in cluster._start_all(coord_specs, pool)]
+        nodes = [
+            pool.submit(cluster._start, _trainer_spec(f"trainer-{i}", coords, False, config))
+            for i in range(config.trainers)
+        ]
+        nodes += [
+            pool.submit(cluster._start, _trainer_spec(f"standby-{i}", coords, True, config))
+            for i in range(config.standbys)
+        ]
+        groups = [
+            pool.submit(_start_group, cluster, shard, config.backups, coords, pool)
+            for shard in range(config.shards)
+        ]
+        for future in [*groups, *nodes]:
+            future.result()  # raises the first failure
+    # state-file order: coordinators, paramservers, trainers (threads finish in any order)
+    order = {"coordinator": 0, "paramserver": 1, "trainer": 2}
+    cluster.members.sort(key=lambda m: (order[m.role], m.shard, m.name))
+
+
+def _start_group(
+    cluster: LocalCluster, shard: int, backups: int, coords: list[str], pool: ThreadPoolExecutor
+) -> None:
+    letters = "bcdefgh"
+    specs = [
+        _paramserver_spec(f"ps-{shard}{letters[i]}", shard, [], coords, True)
+        for i in range(backups)
+    ]
+    started = cluster._start_all(specs, pool) if specs else []
+    cluster._start(
+        _paramserver_spec(f"ps-{shard}a", shard, [m.address for m in started], coords, False)
+    )
+
+
+def _repo_root() -> Path | None:
+    """The checkout holding ``services/`` next to ``stalwart/``, if this is one."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "services").is_dir() else None
+
+
+# --- finding and stopping a cluster started earlier ---------------------------------------
+
+
+def load(run_dir: Path) -> LocalCluster:
+    """The cluster a run folder's state file describes (no process handles)."""
+    path = Path(run_dir) / STATE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterError(f"no cluster state in {run_dir} ({STATE_FILE} missing)") from None
+    except json.JSONDecodeError as exc:
+        raise ClusterError(f"{path} is not valid JSON: {exc}") from None
+    return LocalCluster(
+        Path(data["run_dir"]), data["store_url"], data.get("owns_store", False),
+        [Member(**m) for m in data.get("members", [])],
+        started_at=data.get("started_at", 0.0), stopped_at=data.get("stopped_at"),
+    )  # fmt: skip
+
+
+def find_run(run_dir: Path | None = None, runs_root: Path = DEFAULT_RUNS_ROOT) -> Path:
+    """``run_dir`` if given, else the folder ``<runs_root>/latest`` points at."""
+    if run_dir is not None:
+        return Path(run_dir)
+    link = Path(runs_root) / LATEST
+    if not link.exists():
+        raise ClusterError(f"no local cluster: {link} does not exist (start one: stalwart up)")
+    return link.resolve()
+
+
+def stop_run(run_dir: Path, timeout_s: float = 15.0) -> LocalCluster:
+    """Stop the processes a state file lists that are still ours; mark it stopped."""
+    cluster = load(run_dir)
+    stop_members(cluster.members, timeout_s)
+    cluster.stopped_at = time.time()
+    cluster.run_dir = Path(run_dir).resolve()
+    cluster.save()
+    if cluster.owns_store:
+        remove_store(cluster.store_url)
+    return cluster
+
+
+def stop_members(members: Sequence[Member], timeout_s: float) -> None:
+    """SIGTERM (graceful) to each live member, then SIGKILL whatever outlives ``timeout_s``.
+
+    Trainers first, coordinators last, but without waiting in between: all get
+    the signal within milliseconds and shut down in parallel.
+    """
+    order = {"trainer": 0, "paramserver": 1, "coordinator": 2}
+    live = [m for m in sorted(members, key=lambda m: order.get(m.role, 3)) if _is_ours(m)]
+    for m in live:
+        _signal_group(m.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_is_ours(m) for m in live):
+        time.sleep(0.05)
+    for m in live:
+        if _is_ours(m):
+            _signal_group(m.pid, signal.SIGKILL)
+
+
+def _is_ours(member: Member) -> bool:
+    """Alive and still the process we started (a pid can be reused after it exits)."""
+    try:
+        cmdline = Path(f"/proc/{member.pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{member.pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # a zombie has exited
+        return False
+    return member.name.encode() in cmdline and MODULES[member.role].encode() in cmdline
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # each service leads its own session/group
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def remove_store(store_url: str) -> None:
+    """Delete a run's own shm:// store directory (only ever one under /dev/shm/stalwart)."""
+    parsed = urlparse(store_url)
+    path = Path(parsed.path)
+    if parsed.scheme == "shm" and path.parent == SHM_ROOT:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- waiting for it to be whole -----------------------------------------------------------
+
+
+async def wait_healthy(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
+    """Return once a coordinator leads and every live member of the cluster is registered
+    and alive in its membership; ClusterError after ``timeout_s``.
+
+    Nodes register right after they serve, but a trainer that is not yet known
+    cannot take a slot, so jobs submitted before this could start short-handed.
+    """
+    expected = {
+        m.name for m in cluster.members if m.role != "coordinator" and cluster.alive(m.name)
+    }
+    deadline = time.monotonic() + timeout_s
+    missing: set[str] = expected
+    async with CoordinatorClient(
+        cluster.coordinator_addresses, call_timeout_s=2.0, retry_for_s=2.0
+    ) as client:
+        while time.monotonic() < deadline:
+            try:
+                nodes = await client.all_nodes()
+            except RpcError:
+                nodes = []  # no leader yet
+            alive = {n.node_id for n in nodes if n.state == coordinator.NODE_STATE_ALIVE}
+            missing = expected - alive
+            if not missing:
+                return
+            await asyncio.sleep(0.2)
+    raise ClusterError(
+        f"not every node registered within {timeout_s:.0f}s: missing {sorted(missing)}"
+    )
