@@ -329,7 +329,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         async with job.lock:
             try:
                 await asyncio.wait_for(
-                    job.committed.wait_for(lambda: job.model.version >= request.min_version),
+                    job.committed.wait_for(lambda: self._readable(job, request.min_version)),
                     timeout,
                 )
             except TimeoutError:
@@ -341,6 +341,16 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         yield paramserver.PullResponse(header=header)
         for chunk in chunks:
             yield paramserver.PullResponse(chunk=chunk)
+
+    def _readable(self, job: JobRuntime, min_version: int) -> bool:
+        # Serve only acknowledged state: after a commit the backups refused, the
+        # update is applied here but held by no backup yet, and a reader must not
+        # see a version that a failover could take back. In-sync backups are
+        # always at this replica's version, so enough of them means durable.
+        return (
+            job.model.version >= min_version
+            and len(self.replicator.synced(job.model.job_id)) >= self.replicator.required()
+        )
 
     async def _snapshot(self, job: JobRuntime, since: int, chunk_bytes: int):
         """Encoded copy of the changed tensors at the current version, cached."""
@@ -516,3 +526,4 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                             await self._install(job, address)
                         except StalwartError:
                             break
+                        job.committed.notify_all()  # pulls wait for durable state
