@@ -31,6 +31,12 @@ class Detector:
         self.threshold = float(np.quantile(self.score(train[cut:]), self.quantile))
         return self
 
+    def fit_model(self, train: np.ndarray) -> Detector:
+        """Fit on all of ``train`` and leave the threshold to the caller (the failure
+        predictor picks it on validation entities)."""
+        self._fit(np.asarray(train, dtype=np.float32))
+        return self
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.score(x) >= self.threshold
 

@@ -114,7 +114,7 @@ def _unsupervised(name: str, fit: Windows, seed: int, cap: int = 20000):
     idx = np.flatnonzero(fit.y == 0)
     idx = np.sort(rng.choice(idx, min(cap, len(idx)), replace=False))
     det = detectors.ALL[name](seed=seed)
-    det._fit(fit.summary(idx))  # threshold comes from the validation entities instead
+    det.fit_model(fit.summary(idx))  # the threshold comes from the validation entities
     return lambda w: det.score(w.summary())
 
 
