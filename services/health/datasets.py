@@ -165,7 +165,9 @@ CSV_SCHEMA = """\
 CSV schema (header row required, comma-separated):
   entity        id of the machine/module/node the row belongs to (string)
   timestamp     float time in hours, or ISO 8601 (converted to hours since the epoch)
-  <metrics...>  any other numeric columns; empty cell = missing sample
+  <metrics...>  any other numeric columns; empty cell = missing sample. For prediction,
+                a name ending in _total marks a cumulative counter (as in Prometheus):
+                the model sees its per-sample increments
   label         0/1 per row (anomaly detection)            -- one of these two
   failure_time  time the entity failed, same unit as timestamp, empty if it never did
   split         optional: train/test per row (detection) or per entity (prediction)
@@ -262,4 +264,5 @@ def _csv_prediction(name, groups, metrics, horizon, seed) -> PredictionSet:
         horizon=horizon,
         time_unit="hours",
         step=float(np.median(steps)) if steps else 1.0,
+        notes={"counters": [m for m in metrics if m.endswith("_total")]},
     )

@@ -77,14 +77,15 @@ def test_csv_detection_and_prediction(tmp_path):
     assert not np.isnan(m.test).any()
 
     pred = tmp_path / "pred.csv"
-    rows = ["entity,timestamp,temp,failure_time"]
-    rows += [f"m{k},{i},{40 + i},{'' if k % 2 else 12}" for k in range(4) for i in range(15)]
+    rows = ["entity,timestamp,temp,errors_total,failure_time"]
+    rows += [f"m{k},{i},{40 + i},{3 * i},{'' if k % 2 else 12}" for k in range(4) for i in range(15)]
     pred.write_text("\n".join(rows) + "\n")
     ps = datasets.load_csv(str(pred), horizon=5.0, seed=1)
     ents = ps.train + ps.test
     assert len(ents) == 4 and len(ps.test) == 1
     failing = [e for e in ents if np.isfinite(e.failure_time)]
     assert all(e.t.max() < 12 for e in failing)  # rows at/after failure dropped
+    assert ps.notes["counters"] == ["errors_total"]
 
 
 def test_csv_rejects_bad_schema(tmp_path):
