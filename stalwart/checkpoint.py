@@ -631,6 +631,21 @@ def apply_retention(
     return RetentionResult(list(decision.keep), list(decision.delete), deleted)
 
 
+def delete_checkpoint(
+    store: Store, job_id: str, checkpoint_id: str, *, live_jobs: Iterable[str] = ()
+) -> int:
+    """Unpublish one checkpoint, then delete the chunks (and patch bases) that no
+    other manifest of ``job_id`` or ``live_jobs`` names; returns how many.
+
+    Every manifest lists all its chunks, so no other checkpoint depends on this
+    one: deleting a delta's parent leaves the delta readable."""
+    manifest = load_manifest(store, job_id, checkpoint_id)  # NOT_FOUND if absent
+    store.delete_manifest(job_id, checkpoint_id)
+    references = _references(store, [job_id, *(j for j in live_jobs if j != job_id)])
+    garbage = unreferenced_chunks(chunk_hashes(manifest.tensors), references)
+    return sum(store.delete_chunk(h) for h in garbage)
+
+
 def collect_garbage(store: Store, jobs: Iterable[str], protect: Collection[str] = ()) -> int:
     """Delete every stored chunk no manifest of ``jobs`` lists (e.g. the chunks of
     an upload that died before publishing). ``jobs`` must name every job with

@@ -13,6 +13,7 @@ import sys
 
 import structlog
 
+from services.coordinator.checkpoints import Checkpoints
 from services.coordinator.control import Control
 from services.coordinator.election import Election
 from services.coordinator.leader import LeaderState, holder_string
@@ -55,6 +56,8 @@ async def run(settings: CoordinatorSettings) -> None:
     token = settings.node_token.get_secret_value() or None
     links = ReplicaLinks(lambda a: open_channel(a, ChannelConfig.from_settings(settings), token))
     watch = ParamWatch(control, links, settings.paramserver_unreachable_polls)
+    checkpoints = Checkpoints(control, links.stub, watch.group, settings)
+    control.checkpoints = checkpoints
 
     holder = {"election": None}
     runner = ServiceRunner(
@@ -76,6 +79,7 @@ async def run(settings: CoordinatorSettings) -> None:
         asyncio.create_task(election.run()),
         asyncio.create_task(_every(settings.tick_seconds, control.tick)),
         asyncio.create_task(_every(settings.paramserver_poll_seconds, watch.round)),
+        asyncio.create_task(_every(settings.tick_seconds, checkpoints.round)),
     ]
     try:
         await runner.wait()
@@ -84,6 +88,7 @@ async def run(settings: CoordinatorSettings) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await links.close()
+        await asyncio.to_thread(checkpoints.close)
         store.close()
 
 

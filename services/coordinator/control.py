@@ -66,6 +66,9 @@ class Control:
         self.jobs: dict[str, jobs.Job] = {}
         self.groups: dict[int, tuple[str, int]] = {}  # shard -> (primary node id, epoch)
         self.views: dict[str, ReplicaView] = {}  # paramserver node id -> last poll
+        self.lost_groups: set[int] = set()  # every replica gone; a restore is pending
+        self.restore_generation = 0  # bumped when a restore rewinds versions
+        self.checkpoints = None  # checkpoints.Checkpoints, set by the service's main
         self.events = EventLog()
         self.epoch = 0  # epoch this replica leads under; 0 while it does not
         self._dirty_jobs: set[str] = set()
@@ -97,7 +100,10 @@ class Control:
         epoch = self.epoch
         jobs_out = [job_to_proto(self.jobs[j]) for j in sorted(self._dirty_jobs) if j in self.jobs]
         nodes_out = [self.node_proto(self.members.nodes[n]) for n in sorted(self._dirty_nodes)]
-        groups_out = [(s, *self.groups[s]) for s in sorted(self._dirty_groups)]
+        groups_out = [
+            (s, *self.groups.get(s, ("", 0)), s in self.lost_groups)
+            for s in sorted(self._dirty_groups)
+        ]
         events = self.events.take_pending()
         self._dirty_jobs.clear(), self._dirty_nodes.clear(), self._dirty_groups.clear()
 
@@ -106,8 +112,8 @@ class Control:
                 self.state.put_job(epoch, job)
             for node in nodes_out:
                 self.state.put_node(epoch, node)
-            for shard, primary, group_epoch in groups_out:
-                self.state.put_group(epoch, shard, primary, group_epoch)
+            for shard, primary, group_epoch, lost in groups_out:
+                self.state.put_group(epoch, shard, primary, group_epoch, lost)
             self.state.append_events(epoch, events, self.settings.events_kept)
 
         try:
@@ -139,6 +145,7 @@ class Control:
             self.members.refresh_all(now)  # nobody dies only because the leader changed
             self._restore_standbys(nodes_in)
             self.groups, self.views = groups, {}
+            self.lost_groups = await self.io(self.state.lost_groups)
             self.events.reset(last)
             self.epoch = epoch
             self.events.add(EV.EVENT_KIND_LEADER_ELECTED, f"leader elected at epoch {epoch}",

@@ -141,7 +141,15 @@ class Fail:
     reason: str
 
 
-Event = SlotsChanged | Progress | Cancel | Fail
+@dataclass(frozen=True)
+class Rewind:
+    """The job's state was restored from a checkpoint of ``step``: training goes on
+    from there (in sync mode the step is the paramserver version)."""
+
+    step: int
+
+
+Event = SlotsChanged | Progress | Cancel | Fail | Rewind
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,9 @@ def advance(job: Job, event: Event, now: float) -> Transition | None:
     new_status = _next_status(job, event, now)
     if isinstance(event, Progress) and event.version > job.step:
         job.step = event.version
+        job.updated_at = now
+    if isinstance(event, Rewind):
+        job.step = event.step
         job.updated_at = now
     if new_status is None:
         return None

@@ -20,7 +20,7 @@ from services.coordinator.control import EV, Control
 from services.coordinator.convert import REPLICA_ROLES_BACK
 from services.coordinator.membership import NodeState, Role
 from stalwart.api import common, paramserver, paramserver_grpc
-from stalwart.errors import RpcError
+from stalwart.errors import RpcError, StalwartError
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +76,7 @@ class ParamWatch:
         async with c.lock:
             c.require_leader()
             targets = [(n.node_id, n.address) for n in c.members.alive(Role.PARAMSERVER)]
+            generation = c.restore_generation
         answers = await asyncio.gather(*(self.links.status(a) for _, a in targets),
                                        return_exceptions=True)  # fmt: skip
         async with c.lock:
@@ -83,11 +84,14 @@ class ParamWatch:
             for (node_id, address), answer in zip(targets, answers, strict=True):
                 self._fold(node_id, address, answer)
             self._adopt_live_primaries()
-            self._progress()
+            if generation == c.restore_generation:  # answers from before a rewind are stale
+                self._progress()
             decisions = self._decisions()
             await c._flush()
         for shard, decision in decisions:
             await self._execute(shard, decision)
+        if c.checkpoints is not None:
+            c.checkpoints.restore_lost_groups()
 
     def _fold(self, node_id: str, address: str, answer) -> None:
         c = self.control
@@ -133,6 +137,8 @@ class ParamWatch:
     def _adopt_live_primaries(self) -> None:
         c = self.control
         for shard in self.shards():
+            if shard in c.lost_groups:
+                continue  # a fresh replica claiming primary holds no state: restore first
             primary = promotion.live_primary(self.group(shard))
             if primary is not None and c.groups.get(shard) != (primary.node_id, primary.epoch):
                 c.groups[shard] = (primary.node_id, primary.epoch)
@@ -142,6 +148,8 @@ class ParamWatch:
         c = self.control
         out = []
         for shard in self.shards():
+            if shard in c.lost_groups:
+                continue  # restored from a checkpoint (checkpoints.py), never promoted empty
             primary_id = c.groups.get(shard, ("", 0))[0]
             out += [(shard, d) for d in promotion.decide(self.group(shard), primary_id)]
         return out
@@ -203,12 +211,37 @@ class ParamWatch:
         log.info("added paramserver backup", backup=d.address, primary=d.primary_address)
 
     async def _group_lost(self, shard: int, d: promotion.GroupLost) -> None:
+        """Every replica is gone: jobs with a checkpoint wait for new replicas and a
+        restore (checkpoints.py); jobs without one fail."""
         c = self.control
         async with c.lock:
             c.require_leader()
+            if shard in c.lost_groups:
+                return
+            affected = [j for j in c.jobs.values() if not j.finished and shard < j.num_shards]
+        saved = set()
+        if c.checkpoints is not None:
+            for job in affected:
+                try:
+                    if await c.checkpoints.list(job.job_id):
+                        saved.add(job.job_id)
+                except StalwartError as exc:
+                    log.warning("checkpoint store unreadable", job=job.job_id, error=str(exc))
+        async with c.lock:
+            c.require_leader()
             now = time.time()
-            for job in c.jobs.values():
-                if not job.finished and shard < job.num_shards:
+            for job in affected:
+                if job.job_id not in saved:
                     c._advance(job, jobs.Fail(f"paramserver shard {shard}: {d.reason}"), now)
+            if saved:
+                c.lost_groups.add(shard)
+                c._dirty_groups.add(shard)
+                for job_id in sorted(saved):
+                    c.events.add(EV.EVENT_KIND_NODE_DEAD,
+                                 f"every replica of paramserver shard group {shard} lost; "
+                                 f"waiting for new replicas to restore {job_id} from a checkpoint",
+                                 job_id=job_id, shard=shard)  # fmt: skip
+                log.error("paramserver shard group lost; restore pending", shard=shard,
+                          jobs=sorted(saved))  # fmt: skip
             c._reconcile(now)
             await c._flush()

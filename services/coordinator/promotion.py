@@ -82,6 +82,12 @@ def decide(group: Sequence[ReplicaView], primary_id: str) -> list[Decision]:
 
 def choose_promotion(group: Sequence[ReplicaView]) -> Promote | GroupLost:
     candidates = [r for r in group if r.alive and r.role == "backup"]
+    # A backup that holds none of the jobs the group served (a fresh replica
+    # started after every old one died) must not become primary: it would
+    # serve empty state. The group is lost; a checkpoint restore handles it.
+    served = {j for r in group if not r.alive for j in r.versions}
+    if served:
+        candidates = [r for r in candidates if served & set(r.versions)]
     if not candidates:
         return GroupLost("primary dead and no live backup")
     best = max(candidates, key=progress_key)

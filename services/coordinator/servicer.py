@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import grpc
 import structlog
 
 from services.coordinator import paging
@@ -206,83 +205,54 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         finally:
             self.control.events.unsubscribe(queue)
 
-    # --- checkpoints: the catalog is read from the store ---------------------------
+    # --- checkpoints: the catalog is the checkpoint store's manifests ----------------
+
+    @property
+    def checkpoints(self):
+        return self.control.checkpoints
 
     @rpc_handler
     async def ListCheckpoints(self, request, context):
         self.control.job(request.job_id)
-        manifests = await self.control.io(self._manifests, request.job_id)
+        manifests = await self.checkpoints.list(request.job_id)
         chunk, token = paging.page(manifests, lambda m: [-m.step, m.checkpoint_id],
                                    request.page_size, request.page_token)  # fmt: skip
         return coordinator.ListCheckpointsResponse(checkpoints=chunk, next_page_token=token)
 
-    def _manifests(self, job_id: str) -> list[common.CheckpointManifest]:
-        store = self.control.state.store
-        out = []
-        for checkpoint_id in store.list_manifests(job_id):
-            manifest = common.CheckpointManifest()
-            manifest.ParseFromString(store.get_manifest(job_id, checkpoint_id))
-            out.append(manifest)
-        return out
-
     @rpc_handler
     async def GetCheckpoint(self, request, context):
-        return coordinator.GetCheckpointResponse(
-            checkpoint=await self._find_checkpoint(request.checkpoint_id)
-        )
-
-    async def _find_checkpoint(self, checkpoint_id: str) -> common.CheckpointManifest:
         self.control.require_leader()
-        for job_id in list(self.control.jobs):
-            for manifest in await self.control.io(self._manifests, job_id):
-                if manifest.checkpoint_id == checkpoint_id:
-                    return manifest
-        raise StalwartError(ErrorKind.NOT_FOUND, f"no checkpoint {checkpoint_id!r}")
+        manifest = await self.checkpoints.find(request.checkpoint_id)
+        return coordinator.GetCheckpointResponse(checkpoint=manifest)
 
     @rpc_handler
     async def VerifyCheckpoint(self, request, context):
-        manifest = await self._find_checkpoint(request.checkpoint_id)
-        checked, problems = await self.control.io(self._verify, manifest)
-        if problems:
-            raise StalwartError(ErrorKind.CHECKSUM_MISMATCH, "; ".join(problems[:10]))
-        return coordinator.VerifyCheckpointResponse(ok=True, chunks_checked=checked)
-
-    def _verify(self, manifest: common.CheckpointManifest) -> tuple[int, list[str]]:
-        from stalwart.stores import crc32c
-
-        store, checked, problems = self.control.state.store, 0, []
-        for tensor in manifest.tensors:
-            for ref in tensor.chunks:
-                checked += 1
-                try:
-                    data = store.get_chunk(ref.hash, verify=True)
-                except StalwartError as exc:
-                    problems.append(f"{tensor.spec.name} chunk {ref.hash[:12]}: {exc.message}")
-                    continue
-                if crc32c(data) != ref.crc32c or len(data) != ref.size:
-                    problems.append(
-                        f"{tensor.spec.name} chunk {ref.hash[:12]}: CRC or size mismatch"
-                    )
-        return checked, problems
+        self.control.require_leader()
+        manifest = await self.checkpoints.find(request.checkpoint_id)
+        report = await self.checkpoints.verify(manifest)
+        if not report.ok:
+            raise StalwartError(ErrorKind.CHECKSUM_MISMATCH, "; ".join(report.problems[:10]))
+        return coordinator.VerifyCheckpointResponse(ok=True, chunks_checked=report.chunks)
 
     @rpc_handler
     async def CreateCheckpoint(self, request, context):
-        self.control.job(request.job_id)
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "checkpoint orders are not implemented yet"
-        )
+        manifest = await self.checkpoints.create(request.job_id)
+        return coordinator.CreateCheckpointResponse(checkpoint=manifest)
 
     @rpc_handler
     async def RestoreCheckpoint(self, request, context):
         self.control.require_leader()
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "restore is not implemented yet")
+        manifest = await self.checkpoints.find(request.checkpoint_id)
+        job = await self.checkpoints.restore(
+            manifest.job_id, manifest.checkpoint_id, "restore requested"
+        )
+        return coordinator.RestoreCheckpointResponse(job=job_to_proto(job))
 
     @rpc_handler
     async def DeleteCheckpoint(self, request, context):
         self.control.require_leader()
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "checkpoint deletion is not implemented yet"
-        )
+        collected = await self.checkpoints.delete(request.checkpoint_id)
+        return coordinator.DeleteCheckpointResponse(chunks_collected=collected)
 
 
 def _matches(event: common.Event, job_id: str) -> bool:

@@ -59,6 +59,26 @@ class CoordinatorSettings(ServiceSettings):
     events_kept: int = Field(default=10_000, ge=100)
     """Events kept in the store for WatchEvents replay."""
 
+    checkpoint_url: str = ""
+    """Store of the jobs' checkpoints (chunks and manifests: the catalog); default: store_url."""
+
+    durable_url: str = ""
+    """Durable tier (file://...) that every ``durable_every``-th checkpoint of a job is
+    copied to; empty turns tiering off."""
+
+    durable_every: int = Field(default=4, ge=1)
+    """Copy every K-th checkpoint of a job to ``durable_url``."""
+
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Checkpoints kept per job; older ones and the chunks only they use are deleted."""
+
+    checkpoint_timeout_seconds: float = Field(default=120.0, gt=0)
+    """Longest one checkpoint (every shard's snapshot and upload) or restore may take."""
+
+    @property
+    def checkpoint_store_url(self) -> str:
+        return self.checkpoint_url or self.store_url
+
     @model_validator(mode="after")
     def _check_timings(self) -> Self:
         if self.leader_renew_seconds + self.leader_margin_seconds >= self.leader_ttl_seconds:

@@ -6,7 +6,9 @@ Keys (under an optional prefix, so several clusters can share one store):
     coordinator/epoch       highest epoch that has taken over; only ever grows
     jobs/<job_id>           serialized stalwart.v1.Job
     nodes/<node_id>         serialized stalwart.v1.Node
-    groups/<shard>          JSON: recorded primary node id and epoch of a shard group
+    groups/<shard>          JSON: recorded primary node id and epoch of a shard group;
+                            "lost": true while every replica is gone (restore pending)
+    checkpoints/<job_id>    JSON: how many checkpoints the job has taken (tiering)
     requests/<hash>         job id admitted for a CreateJob request id
     events/<sequence>       serialized stalwart.v1.Event, the newest N kept
 
@@ -86,10 +88,27 @@ class StateStore:
         self.check(epoch)
         self.store.kv_put(self.key(f"nodes/{node.node_id}"), node.SerializeToString())
 
-    def put_group(self, epoch: int, shard: int, primary_id: str, group_epoch: int) -> None:
+    def put_group(
+        self, epoch: int, shard: int, primary_id: str, group_epoch: int, lost: bool = False
+    ) -> None:
         self.check(epoch)
-        value = json.dumps({"primary": primary_id, "epoch": group_epoch}).encode()
-        self.store.kv_put(self.key(f"groups/{shard}"), value)
+        record = {"primary": primary_id, "epoch": group_epoch}
+        if lost:
+            record["lost"] = True
+        self.store.kv_put(self.key(f"groups/{shard}"), json.dumps(record).encode())
+
+    def lost_groups(self) -> set[int]:
+        """Shards whose every replica was lost and that wait for a restore."""
+        items = self.store.kv_list(self.key("groups/")).items()
+        return {int(k.rsplit("/", 1)[1]) for k, v in items if json.loads(v).get("lost")}
+
+    def put_checkpoint_count(self, epoch: int, job_id: str, taken: int) -> None:
+        self.check(epoch)
+        self.store.kv_put(self.key(f"checkpoints/{job_id}"), json.dumps({"taken": taken}).encode())
+
+    def checkpoint_count(self, job_id: str) -> int:
+        raw = self.store.kv_get(self.key(f"checkpoints/{job_id}"))
+        return int(json.loads(raw)["taken"]) if raw else 0
 
     def put_request(self, epoch: int, request_id: str, job_id: str) -> str:
         """Remember which job a request admitted; returns the job id stored first."""

@@ -65,6 +65,13 @@ class Snapshot:
 # copy of the job's state in memory between checkpoints.
 _SPARE: dict[str, dict[str, torch.Tensor]] = {}
 
+# Per job, the chunks last stored whole: later checkpoints store a changed
+# chunk as a patch of its changed rows against them (row-level deltas, see
+# stalwart.checkpoint.PatchBase). Costs one more copy of the job's state in
+# memory; a replica that starts empty (restart, promotion) writes whole chunks
+# on its first checkpoint and patches from the next one on.
+_BASES: dict[str, ckpt.PatchBase] = {}
+
 
 def take_snapshot(model: JobModel) -> Snapshot:
     """Copy parameters and optimizer state (the caller holds the job's lock)."""
@@ -106,8 +113,9 @@ def upload(
             log.warning("parent checkpoint unreadable", parent=parent_id, error=str(exc))
     items = ckpt.state_items(snapshot.tensors, snapshot.params, shard)
     return ckpt.write_tensors(
-        store, items, chunk_bytes=chunk_bytes, skip=skip, before_put=_put_delay()
-    )
+        store, items, chunk_bytes=chunk_bytes, skip=skip, before_put=_put_delay(),
+        patch_base=_BASES.setdefault(job_id, ckpt.PatchBase()),
+    )  # fmt: skip
 
 
 def shard_state(shard: int, snapshot: Snapshot) -> common.ShardState:

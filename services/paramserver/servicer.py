@@ -171,9 +171,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     async def _re_register(
         self, job: JobRuntime, header, tensors
     ) -> paramserver.RegisterModelResponse:
-        if header.SerializeToString(deterministic=True) != job.model.header.SerializeToString(
-            deterministic=True
-        ):
+        if _model_identity(header) != _model_identity(job.model.header):
             raise StalwartError(
                 ErrorKind.ALREADY_EXISTS, f"job {header.job_id} is registered with another model"
             )
@@ -527,3 +525,14 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                         except StalwartError:
                             break
                         job.committed.notify_all()  # pulls wait for durable state
+
+
+def _model_identity(header: paramserver.ModelHeader) -> bytes:
+    """What makes two registrations the same model: not the sender's epoch or chunk
+    size (a trainer re-registers after a failover or a restore from a checkpoint,
+    whose header carries another epoch and no chunk size)."""
+    same = paramserver.ModelHeader()
+    same.CopyFrom(header)
+    same.ClearField("epoch")
+    same.ClearField("chunk_size")
+    return same.SerializeToString(deterministic=True)

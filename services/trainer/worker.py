@@ -32,6 +32,7 @@ from stalwart.models import Task, resolve
 logger = structlog.get_logger(__name__)
 
 ClientFactory = Callable[[coordinator.GetShardMapResponse], ParamServerClient]
+PUSH_CHECK_S = 0.2  # how often a pending push looks for a moved shard map
 RETRY_PAUSE_S = 0.2  # between attempts after an error that needs no backoff of its own
 
 
@@ -152,6 +153,11 @@ class Worker:
             await job.client.close()
             job.client, job.shard_map = self.make_client(assignment.shard_map), shard_map
             job.registered = False
+            # New primaries (a promotion, or a restore from a checkpoint that
+            # rewound the version): follow whatever version they hold. A step
+            # pushed already and pulled again is recomputed and answered as a
+            # duplicate, so forgetting costs a full pull, never a double update.
+            job.version, job.next_version = -1, 0
         if not job.registered:
             await self._register(job)
 
@@ -229,7 +235,8 @@ class Worker:
         result = await asyncio.get_running_loop().run_in_executor(
             None, self._compute, job, slot, step
         )
-        await job.client.push(job.job_id, step, slot, step, result.grads)
+        if not await self._push(job, step, slot, result.grads):
+            return
         self.faults.after_push(step)
         job.next_version = step + 1
         seconds = time.monotonic() - started
@@ -237,6 +244,31 @@ class Worker:
         if self.on_step is not None:
             self.on_step(step)
         logger.debug("step pushed", job=job.job_id, step=step, slot=slot, loss=result.loss)
+
+    async def _push(self, job: JobState, step: int, slot: int, grads) -> bool:
+        """Push to the end, unless the job's shard groups moved meanwhile (False).
+
+        A push to a group that is gone (every replica lost, then restored
+        elsewhere from a checkpoint) would only retry until its SDK gives up;
+        pushes are keyed by (job, step, slot), so abandoning one is safe: it was
+        applied once or not at all, and the next attempt pulls again."""
+        push = asyncio.ensure_future(job.client.push(job.job_id, step, slot, step, grads))
+        while True:
+            done, _ = await asyncio.wait({push}, timeout=PUSH_CHECK_S)
+            if done:
+                push.result()
+                return True
+            desired = self.desired
+            if (
+                desired is not None
+                and desired.job_id == job.job_id
+                and desired.shard_map.SerializeToString(deterministic=True) != job.shard_map
+            ):
+                push.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RpcError):
+                    await push
+                logger.warning("push abandoned: the shard groups moved", job=job.job_id, step=step)
+                return False
 
     def _compute(self, job: JobState, slot: int, step: int) -> training.StepResult:
         # runs in the executor: faults that sleep or hang block this thread only,

@@ -80,3 +80,15 @@ def r(node_id, role, *, alive=True, epoch=1, version=0, backups=()):
 )
 def test_decide(group, primary_id, expected):
     assert decide(group, primary_id) == expected
+
+
+def test_a_fresh_backup_without_the_groups_jobs_is_never_promoted() -> None:
+    from services.coordinator.promotion import GroupLost, ReplicaView, decide
+
+    group = [
+        ReplicaView("old-p", "a:1", False, "primary", 2, {"j": 8}),
+        ReplicaView("old-b", "a:2", False, "backup", 2, {"j": 8}),
+        ReplicaView("new", "a:3", True, "backup", 1, {}),
+    ]
+    (decision,) = decide(group, "old-p")
+    assert isinstance(decision, GroupLost)

@@ -1,0 +1,411 @@
+"""The leader's checkpoint orchestration: orders, catalog, retention, tiering, restores.
+
+Saving (every ``checkpoint_interval`` steps of a running job, or on command):
+ask every shard primary for ``SaveCheckpoint`` at the same version (sync mode:
+every shard snapshots the same step), with the job's newest checkpoint as the
+parent (delta), gather their parts, build the manifest and publish it
+atomically in the checkpoint store. The store's manifests *are* the catalog;
+the coordination store only counts each job's checkpoints (for tiering).
+Then retention keeps the newest ``keep_checkpoints`` (and the chunks and patch
+bases they name) and every ``durable_every``-th checkpoint is copied to the
+durable ``file://`` tier.
+
+Restoring (on command, or when every replica of a shard group was lost and
+new ones registered): pick the checkpoint (the newest that verifies; corrupt
+ones are skipped, logged and counted), promote one live replica per shard group
+under a new epoch, ``LoadCheckpoint`` there (it replicates to its backups),
+then rewind the job's step. Trainers follow: the new epoch changes the shard
+map, and in sync mode they compute whatever version the paramserver holds.
+
+Deleting: content addressing plus full manifests make checkpoints
+independent; deleting one removes only the chunks no other manifest names
+(patch bases included), so no delta ever depends on a deleted parent.
+
+The network and store work runs outside ``Control.lock``; state changes are
+made under it and flushed under the coordinator epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+import structlog
+
+from services.coordinator import ckptplan, jobs
+from services.coordinator.control import EV, Control
+from services.coordinator.promotion import ReplicaView
+from services.coordinator.settings import CoordinatorSettings
+from stalwart import checkpoint as ckpt
+from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.errors import ErrorKind, RpcError, StalwartError
+from stalwart.retention import TierPolicy
+
+log = structlog.get_logger(__name__)
+
+STATUS_TIMEOUT_S = 1.0
+PAST_RETRIES = 5  # on-command orders re-aimed when a commit overtook them
+
+
+class Checkpoints:
+    def __init__(
+        self,
+        control: Control,
+        stub_for: Callable[[str], paramserver_grpc.ParamServerServiceStub],
+        group_of: Callable[[int], list[ReplicaView]],
+        settings: CoordinatorSettings,
+    ) -> None:
+        self.c = control
+        self.stub_for = stub_for
+        self.group_of = group_of
+        self.settings = settings
+        self.url = settings.checkpoint_store_url
+        self.pool = ckpt.StorePool()
+        self.tier = TierPolicy(settings.durable_every if settings.durable_url else 0)
+        self._job_locks: dict[str, asyncio.Lock] = {}
+        self._inflight: dict[str, asyncio.Task] = {}
+        self._last_ordered: dict[str, int] = {}
+        self._restore_lock = asyncio.Lock()
+        self._restoring: asyncio.Task | None = None
+
+    # --- stores ---------------------------------------------------------------------
+
+    def store(self):
+        return self.pool.get(self.url)  # UNAVAILABLE naming the URL if unreachable
+
+    async def _io(self, fn: Callable, *args, timeout: float | None = None):
+        limit = timeout or self.settings.checkpoint_timeout_seconds
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn, *args), limit)
+        except TimeoutError:
+            raise StalwartError(
+                ErrorKind.UNAVAILABLE, f"checkpoint store {self.url} timed out after {limit:.0f}s"
+            ) from None
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # --- catalog (the store's manifests) -------------------------------------------
+
+    async def list(self, job_id: str) -> list[common.CheckpointManifest]:
+        manifests, unreadable = await self._io(ckpt.list_checkpoints, self.store(), job_id)
+        for checkpoint_id, reason in unreadable:
+            log.warning("unreadable manifest", job=job_id, checkpoint=checkpoint_id, reason=reason)
+        return manifests
+
+    async def find(self, checkpoint_id: str) -> common.CheckpointManifest:
+        """A checkpoint by id, in the job its id names or else in any known job."""
+        job_id = ckptplan.job_of(checkpoint_id)
+        candidates = [job_id] if job_id else sorted(self.c.jobs)
+        for job in candidates:
+            try:
+                return await self._io(ckpt.load_manifest, self.store(), job, checkpoint_id)
+            except StalwartError as exc:
+                if exc.kind is not ErrorKind.NOT_FOUND:
+                    raise
+        raise StalwartError(ErrorKind.NOT_FOUND, f"no checkpoint {checkpoint_id!r}")
+
+    async def verify(self, manifest: common.CheckpointManifest) -> ckpt.VerifyReport:
+        return await self._io(ckpt.verify, self.store(), manifest)
+
+    async def delete(self, checkpoint_id: str) -> int:
+        """Unpublish a checkpoint and collect the chunks nothing else names."""
+        manifest = await self.find(checkpoint_id)
+        async with self._job_lock(manifest.job_id):  # not while a save of the job publishes
+            others = [j for j in self.c.jobs if j != manifest.job_id]
+
+            def remove() -> int:
+                return ckpt.delete_checkpoint(
+                    self.store(), manifest.job_id, checkpoint_id, live_jobs=others
+                )
+
+            collected = await self._io(remove)
+        log.info("checkpoint deleted", checkpoint=checkpoint_id, chunks=collected)
+        return collected
+
+    # --- saving ---------------------------------------------------------------------
+
+    def _job_lock(self, job_id: str) -> asyncio.Lock:
+        return self._job_locks.setdefault(job_id, asyncio.Lock())
+
+    async def round(self) -> None:
+        """Order the periodic checkpoints that are due (called every tick while leading)."""
+        async with self.c.lock:
+            self.c.require_leader()
+            due = [
+                j.job_id
+                for j in self.c.jobs.values()
+                if j.state is jobs.JobState.RUNNING
+                and j.spec is not None
+                and j.spec.checkpoint_interval > 0
+                and j.job_id not in self._inflight
+                and not self._lost(j)
+            ]
+        if self._restoring is not None and not self._restoring.done():
+            return  # a restore rewinds versions: order nothing meanwhile
+        for job_id in due:
+            task = asyncio.create_task(self._periodic(job_id))
+            self._inflight[job_id] = task
+            task.add_done_callback(lambda _t, j=job_id: self._inflight.pop(j, None))
+
+    def _lost(self, job: jobs.Job) -> bool:
+        return any(k in self.c.lost_groups for k in range(job.num_shards))
+
+    async def _periodic(self, job_id: str) -> None:
+        try:
+            async with self.c.lock:
+                job = self.c.job(job_id)
+                targets = self._primaries(job)
+            current = await self._version(job_id, targets)
+            interval = job.spec.checkpoint_interval
+            at = ckptplan.next_version(current, interval, self._last_ordered.get(job_id, -1))
+            if at is None or at > job.steps:
+                return
+            self._last_ordered[job_id] = at
+            await self.save(job_id, at)
+        except StalwartError as exc:
+            if exc.kind.reason != "NOT_LEADER":
+                log.warning("periodic checkpoint failed", job=job_id, error=str(exc))
+        except RpcError as exc:
+            log.warning("periodic checkpoint failed", job=job_id, error=str(exc))
+
+    async def create(self, job_id: str) -> common.CheckpointManifest:
+        """A checkpoint now (CreateCheckpoint): at the version the primaries hold."""
+        async with self.c.lock:
+            job = self.c.job(job_id)
+            if job.state is not jobs.JobState.RUNNING:
+                raise StalwartError(
+                    ErrorKind.FAILED_PRECONDITION,
+                    f"job {job_id} is {job.state.value}: checkpoints are taken of running jobs",
+                )
+        for attempt in range(PAST_RETRIES):
+            async with self.c.lock:
+                targets = self._primaries(self.c.job(job_id))
+            at = await self._version(job_id, targets, highest=True)
+            try:
+                return await self.save(job_id, at)
+            except RpcError as exc:
+                # a commit overtook the order: aim at the version after it
+                if exc.kind is not ErrorKind.FAILED_PRECONDITION or attempt == PAST_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _primaries(self, job: jobs.Job) -> list[tuple[int, str, int]]:
+        """(shard, address, epoch) of each shard group's live primary; UNAVAILABLE if one has none."""
+        out = []
+        for shard in range(job.num_shards):
+            primary_id, epoch = self.c.groups.get(shard, ("", 0))
+            node = self.c.members.nodes.get(primary_id)
+            if shard in self.c.lost_groups or node is None or not node.leased:
+                raise StalwartError(
+                    ErrorKind.UNAVAILABLE,
+                    f"shard group {shard} of {job.job_id} has no live primary",
+                )
+            out.append((shard, node.address, epoch))
+        return out
+
+    async def _version(self, job_id: str, targets, highest: bool = False) -> int:
+        """The job's version on its primaries now (lowest, or highest)."""
+        answers = await asyncio.gather(*(
+            self._call(address, "GetReplicaStatus", paramserver.GetReplicaStatusRequest(),
+                       STATUS_TIMEOUT_S) for _, address, _ in targets
+        ))  # fmt: skip
+        versions = []
+        for answer in answers:
+            version = next((j.version for j in answer.jobs if j.job_id == job_id), None)
+            if version is None:
+                raise StalwartError(ErrorKind.UNAVAILABLE, f"a primary does not hold {job_id} yet")
+            versions.append(version)
+        return max(versions) if highest else min(versions)
+
+    async def save(self, job_id: str, at: int) -> common.CheckpointManifest:
+        """Checkpoint every shard of ``job_id`` at version ``at`` and publish it."""
+        async with self._job_lock(job_id):
+            async with self.c.lock:
+                job = self.c.job(job_id)
+                targets = self._primaries(job)
+                spec = job.spec
+            newest = await self.list(job_id)
+            parent = newest[0].checkpoint_id if newest else ""
+            checkpoint_id = ckptplan.checkpoint_id(job_id, at)
+            started = time.monotonic()
+            parts = await asyncio.gather(*(
+                self._call(address, "SaveCheckpoint", paramserver.SaveCheckpointRequest(
+                    job_id=job_id, checkpoint_id=checkpoint_id, store_url=self.url,
+                    parent_id=parent, at_version=at, epoch=epoch,
+                ), self.settings.checkpoint_timeout_seconds)
+                for _, address, epoch in targets
+            ))  # fmt: skip
+            manifest = ckpt.build_manifest(
+                job_id=job_id, checkpoint_id=checkpoint_id, step=at,
+                tensors=[t for p in parts for t in p.tensors],
+                shards=[p.shard for p in parts], parent_id=parent, store_url=self.url,
+                written_bytes=sum(p.written_bytes for p in parts), optimizer=spec.optimizer,
+                consistency=parts[0].consistency, num_slots=parts[0].num_slots,
+                data_position=common.DataPosition(step=at, seed=spec.seed),
+            )  # fmt: skip
+            await self._io(ckpt.publish, self.store(), manifest)
+            seconds = time.monotonic() - started
+            taken = await self._record_saved(manifest, seconds)
+            await self._after_save(manifest, taken)
+        return manifest
+
+    async def _record_saved(self, manifest: common.CheckpointManifest, seconds: float) -> int:
+        c = self.c
+        taken = await c.io(c.state.checkpoint_count, manifest.job_id) + 1
+        async with c.lock:
+            c.require_leader()
+            await c.io(c.state.put_checkpoint_count, c.epoch, manifest.job_id, taken)
+            ratio = manifest.written_bytes / manifest.total_bytes if manifest.total_bytes else 0.0
+            c.events.add(EV.EVENT_KIND_CHECKPOINT_SAVED,
+                         f"checkpoint {manifest.checkpoint_id} of {manifest.job_id} at step "
+                         f"{manifest.step}: wrote {manifest.written_bytes} of {manifest.total_bytes} "
+                         f"bytes ({ratio:.1%}) in {seconds:.2f}s",
+                         job_id=manifest.job_id, step=manifest.step,
+                         checkpoint=manifest.checkpoint_id)  # fmt: skip
+            await c._flush()
+        log.info("checkpoint saved", job=manifest.job_id, checkpoint=manifest.checkpoint_id,
+                 step=manifest.step, written=manifest.written_bytes, total=manifest.total_bytes)  # fmt: skip
+        return taken
+
+    async def _after_save(self, manifest: common.CheckpointManifest, taken: int) -> None:
+        """Retention, then the durable tier; failures here never undo the checkpoint."""
+        others = [j for j in self.c.jobs if j != manifest.job_id]
+        try:
+            await self._io(
+                lambda: ckpt.apply_retention(
+                    self.store(), manifest.job_id, self.settings.keep_checkpoints, live_jobs=others
+                )
+            )
+        except StalwartError as exc:
+            log.warning("checkpoint retention failed", job=manifest.job_id, error=str(exc))
+        if self.tier.due(taken):
+            try:
+                durable = self.pool.get(self.settings.durable_url)
+                await self._io(ckpt.copy_checkpoint, self.store(), durable, manifest)
+                log.info("checkpoint copied to the durable tier",
+                         checkpoint=manifest.checkpoint_id, url=durable.url)  # fmt: skip
+            except StalwartError as exc:
+                log.warning("durable tier copy failed", checkpoint=manifest.checkpoint_id,
+                            error=str(exc))  # fmt: skip
+
+    # --- restoring ------------------------------------------------------------------
+
+    def restore_lost_groups(self) -> None:
+        """Start restoring the jobs of lost shard groups once new replicas answer polls."""
+        if not self.c.lost_groups or (self._restoring is not None and not self._restoring.done()):
+            return
+        ready = [k for k in sorted(self.c.lost_groups) if ckptplan.restore_target(self.group_of(k))]
+        if ready:
+            self._restoring = asyncio.create_task(self._restore_lost(ready))
+
+    async def _restore_lost(self, shards: Sequence[int]) -> None:
+        affected = sorted(
+            j.job_id
+            for j in self.c.jobs.values()
+            if not j.finished and any(k < j.num_shards for k in shards)
+        )
+        for job_id in affected:
+            try:
+                await self.restore(
+                    job_id, "", f"every replica of shard group(s) {list(shards)} lost"
+                )
+            except (StalwartError, RpcError) as exc:
+                log.warning("restore after loss failed; retrying", job=job_id, error=str(exc))
+                return
+        async with self.c.lock:
+            for shard in shards:
+                if shard in self.c.lost_groups:  # no job left to restore on it
+                    self.c.lost_groups.discard(shard)
+                    self.c._dirty_groups.add(shard)
+            await self.c._flush()
+
+    async def restore(self, job_id: str, checkpoint_id: str, why: str) -> jobs.Job:
+        """Load a checkpoint (by id, or the newest verified) into every shard group."""
+        async with self._restore_lock, self._job_lock(job_id):
+            async with self.c.lock:
+                job = self.c.job(job_id)
+                if job.finished:
+                    raise StalwartError(
+                        ErrorKind.FAILED_PRECONDITION,
+                        f"job {job_id} is {job.state.value}: only active jobs are restored",
+                    )
+            manifest = await self._choose(job_id, checkpoint_id)
+            async with self.c.lock:
+                self.c.require_leader()
+                plan = []
+                for shard in range(job.num_shards):
+                    target = ckptplan.restore_target(self.group_of(shard),
+                                                     self.c.groups.get(shard, ("", 0))[1])  # fmt: skip
+                    if target is None:
+                        raise StalwartError(ErrorKind.UNAVAILABLE,
+                                            f"shard group {shard} has no live replica to restore on")  # fmt: skip
+                    plan.append((shard, target))
+            for _, t in plan:
+                # the new epoch fences the lost group's clients and replicas and
+                # changes the shard map, which is what makes trainers start over
+                await self._call(t.address, "Promote", paramserver.PromoteRequest(
+                    epoch=t.epoch, backups=list(t.backups)), 10.0)  # fmt: skip
+            loaded = await asyncio.gather(*(
+                self._call(t.address, "LoadCheckpoint", paramserver.LoadCheckpointRequest(
+                    job_id=job_id, store_url=manifest.store_url or self.url, manifest=manifest,
+                    epoch=t.epoch, shard=shard,
+                ), self.settings.checkpoint_timeout_seconds)
+                for shard, t in plan
+            ))  # fmt: skip
+            async with self.c.lock:
+                self.c.require_leader()
+                now = time.time()
+                for shard, t in plan:
+                    self.c.groups[shard] = (t.node_id, t.epoch)
+                    self.c.lost_groups.discard(shard)
+                    self.c._dirty_groups.add(shard)
+                self.c.restore_generation += 1
+                self.c._advance(job, jobs.Rewind(manifest.step), now)
+                self.c._dirty_jobs.add(job_id)
+                self._last_ordered[job_id] = manifest.step
+                self.c.events.add(EV.EVENT_KIND_CHECKPOINT_RESTORED,
+                                  f"job {job_id} restored from {manifest.checkpoint_id} at step "
+                                  f"{manifest.step} ({why}); "
+                                  f"{sum(r.bytes_read for r in loaded)} bytes read",
+                                  job_id=job_id, step=manifest.step,
+                                  checkpoint=manifest.checkpoint_id)  # fmt: skip
+                await self.c._flush()
+            log.warning("job restored from checkpoint", job=job_id,
+                        checkpoint=manifest.checkpoint_id, step=manifest.step, why=why)  # fmt: skip
+            return job
+
+    async def _choose(self, job_id: str, checkpoint_id: str) -> common.CheckpointManifest:
+        if checkpoint_id:
+            manifest = await self.find(checkpoint_id)
+            if manifest.job_id != job_id:
+                raise StalwartError(ErrorKind.INVALID_ARGUMENT,
+                                    f"checkpoint {checkpoint_id} is of job {manifest.job_id}")  # fmt: skip
+            report = await self.verify(manifest)
+            if not report.ok:
+                ckpt.CORRUPT_CHECKPOINTS.inc()
+                raise StalwartError(ErrorKind.DATA_LOSS,
+                                    f"checkpoint {checkpoint_id} is corrupt: {report.problems[0]}")  # fmt: skip
+            return manifest
+        choice = await self._io(ckpt.choose_newest_verified, self.store(), job_id)
+        if choice.skipped:
+            async with self.c.lock:
+                for skipped, reason in choice.skipped:
+                    self.c.events.add(EV.EVENT_KIND_CORRUPTION_DETECTED,
+                                      f"checkpoint {skipped} skipped: {reason}",
+                                      job_id=job_id, checkpoint=skipped)  # fmt: skip
+                await self.c._flush()
+        if choice.manifest is None:
+            raise StalwartError(ErrorKind.FAILED_PRECONDITION,
+                                f"job {job_id} has no verified checkpoint in {self.url}")  # fmt: skip
+        return choice.manifest
+
+    # --- calls ----------------------------------------------------------------------
+
+    async def _call(self, address: str, method: str, request, timeout: float):
+        try:
+            return await getattr(self.stub_for(address), method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise RpcError.from_grpc(exc) from None
