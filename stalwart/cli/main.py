@@ -9,6 +9,7 @@ import typer
 
 from stalwart import __version__
 from stalwart.cli import admin, bench, jobs, ps
+from stalwart.cli import ckpt
 from stalwart.cli import cluster as cluster_cli
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.add_typer(ps.app, name="ps")
 app.add_typer(bench.app, name="bench")
+app.add_typer(ckpt.app, name="ckpt")
 app.add_typer(jobs.app, name="job")
 app.command("jobs")(jobs.jobs)
 admin.register(app)
