@@ -8,8 +8,7 @@ import sys
 import typer
 
 from stalwart import __version__
-from stalwart.cli import admin, bench, jobs, ps
-from stalwart.cli import ckpt
+from stalwart.cli import admin, bench, ckpt, jobs, ps
 from stalwart.cli import cluster as cluster_cli
 
 app = typer.Typer(
