@@ -101,7 +101,7 @@ def start_service(
     run_dir: Path,
     name: str,
     env: Mapping[str, str] | None = None,
-    timeout: float = 30.0,
+    timeout: float = 90.0,  # generous: a loaded 2-core machine imports torch slowly
     cwd: Path | None = None,
 ) -> ServiceProcess:
     """Start ``python -m module --port 0 --ready-file ... *args`` and wait until it serves.

@@ -11,7 +11,7 @@ from stalwart.client import CoordinatorClient, NodeSession
 from stalwart.errors import ErrorKind, RpcError
 from tests.integration.coordinator.support import job_spec, wait_leader
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from stalwart.stores import open_store
 from tests.helpers import assert_eventually_async
 from tests.integration.coordinator.support import call, job_spec, status_of, wait_leader
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 
 async def _two(cluster):

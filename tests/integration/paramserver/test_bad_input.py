@@ -37,7 +37,7 @@ from tests.integration.paramserver.support import (
     stubs,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)
 
 Code = grpc.StatusCode
 SLOTS = 2

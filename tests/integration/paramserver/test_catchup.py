@@ -32,7 +32,7 @@ from tests.integration.paramserver.support import (
     stubs,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 JOB = "catchup"
 STEPS = 9

@@ -25,7 +25,7 @@ from tests.integration.paramserver.support import (
     stubs,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 SLOTS = 3
 STEPS = 12

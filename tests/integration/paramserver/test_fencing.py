@@ -34,7 +34,7 @@ from tests.integration.paramserver.support import (
     stubs,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 Code = grpc.StatusCode
 JOB = "fencing"

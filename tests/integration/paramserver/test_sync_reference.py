@@ -27,7 +27,7 @@ from tests.integration.paramserver.support import (
     stubs,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)
 
 SLOTS = 3
 STEPS = 5

@@ -1,0 +1,28 @@
+"""Fixtures of the local-cluster tests: one cluster of real processes shared by a module."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stalwart import cluster
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LocalCluster]:
+    """2 coordinators, a paramserver primary + backup, 2 trainers and 2 warm standbys.
+
+    Tests that kill members leave the rest for the next test: each kill test needs
+    only what it kills to exist once (a slot trainer with a standby behind it, a
+    primary with a backup, a leader with a standby replica).
+    """
+    root = Path(tmp_path_factory.mktemp("runs"))
+    started = cluster.start(cluster.ClusterConfig(trainers=2, standbys=2, runs_root=root))
+    try:
+        asyncio.run(cluster.wait_healthy(started, 120))
+        yield started
+    finally:
+        started.stop(timeout_s=10)

@@ -1,0 +1,80 @@
+"""Helpers of the local-cluster tests: a small job, a kill at a step, the final weights."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from stalwart import cluster, models, training
+from stalwart.api import coordinator
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.demo.run import FINISHED, pick_target
+from stalwart.demo.timeline import Ev
+from stalwart.demo.watch import EventRecorder, param_client, pull_weights
+
+JOB_TIMEOUT_S = 120.0
+
+
+def small_spec(steps: int = 40, seed: int = 3) -> coordinator.JobSpec:
+    """digits-cnn small enough for two shared cores: a few seconds of training."""
+    return models.default_spec(
+        "digits-cnn", model_args={"width": "8"}, num_slots=2, steps=steps, batch_size=16, seed=seed
+    )
+
+
+@dataclass
+class Outcome:
+    job: coordinator.Job
+    events: list[Ev]
+    weights: dict[str, torch.Tensor]
+    version: int
+    killed: str = ""
+    killed_at_step: int = -1
+
+
+async def run_job(
+    local: cluster.LocalCluster, spec: coordinator.JobSpec, kill: str = "", at_step: int = 0
+) -> Outcome:
+    """Submit ``spec``; at step ``at_step`` kill -9 the ``kill`` kind; wait for the end."""
+    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
+        job = await client.create_job(spec)
+        recorder = EventRecorder(client, job.job_id)
+        watch = asyncio.create_task(recorder.run())
+        killed, killed_at = "", -1
+        try:
+            if kill:
+                assert await recorder.wait_step(at_step, JOB_TIMEOUT_S), "job never got there"
+                killed = await pick_target(kill, local, client, job.job_id)
+                killed_at = recorder.step
+                await asyncio.to_thread(local.kill, killed)
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            while job.state not in FINISHED:
+                assert time.monotonic() < deadline, f"job stuck at step {job.step}"
+                await asyncio.sleep(0.3)
+                job = await client.get_job(job.job_id)
+            ps = await param_client(client, job.job_id, spec)
+            try:
+                version, weights = await pull_weights(ps, job.job_id, spec.steps)
+            finally:
+                await ps.close()
+            await recorder.wait_step(spec.steps, 5.0)  # the last STEP_COMMITTED events
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
+    return Outcome(job, list(recorder.events), weights, version, killed, killed_at)
+
+
+def assert_bitwise_equal(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), f"{name} differs from the fault-free run"
+
+
+def reference(spec: coordinator.JobSpec) -> dict[str, torch.Tensor]:
+    training.make_deterministic(1)
+    return training.reference_run(spec)
