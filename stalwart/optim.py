@@ -14,42 +14,10 @@ import torch
 
 from stalwart.api import common
 from stalwart.errors import ErrorKind, StalwartError
+from stalwart.jobspec import validate_optimizer
 
-
-def _bad(message: str) -> StalwartError:
-    return StalwartError(ErrorKind.INVALID_ARGUMENT, f"optimizer: {message}")
-
-
-def validate(spec: common.OptimizerSpec) -> None:
-    kind = spec.kind
-    if kind not in (
-        common.OPTIMIZER_KIND_SGD,
-        common.OPTIMIZER_KIND_ADAM,
-        common.OPTIMIZER_KIND_ADAMW,
-    ):
-        raise _bad("kind must be SGD, ADAM or ADAMW")
-    if not spec.lr > 0 or spec.lr != spec.lr:
-        raise _bad(f"lr must be > 0, got {spec.lr}")
-    if not spec.weight_decay >= 0:  # NaN too
-        raise _bad(f"weight_decay must be >= 0, got {spec.weight_decay}")
-    if kind == common.OPTIMIZER_KIND_SGD:
-        if not 0 <= spec.momentum < 1:
-            raise _bad(f"momentum must be in [0, 1), got {spec.momentum}")
-        if not 0 <= spec.dampening <= 1:
-            raise _bad(f"dampening must be in [0, 1], got {spec.dampening}")
-        if spec.nesterov and (spec.momentum <= 0 or spec.dampening != 0):
-            raise _bad("nesterov needs momentum > 0 and dampening 0")
-        if spec.beta1 or spec.beta2 or spec.eps:
-            raise _bad("beta1, beta2 and eps do not apply to SGD")
-    else:
-        for name in ("beta1", "beta2"):
-            value = getattr(spec, name)
-            if not 0 <= value < 1:
-                raise _bad(f"{name} must be in [0, 1), got {value}")
-        if not spec.eps >= 0:  # NaN too
-            raise _bad(f"eps must be >= 0, got {spec.eps}")
-        if spec.momentum or spec.dampening or spec.nesterov:
-            raise _bad("momentum, dampening and nesterov do not apply to Adam")
+# One validator for the wire spec, shared with the coordinator's job admission.
+validate = validate_optimizer
 
 
 def build(spec: common.OptimizerSpec, params: list[torch.Tensor]) -> torch.optim.Optimizer:
