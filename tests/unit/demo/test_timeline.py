@@ -1,0 +1,68 @@
+"""The report's rules on made-up event streams: detection, the fix, the resume."""
+
+from __future__ import annotations
+
+from stalwart.demo.timeline import Ev, Fault, audit_steps, recover
+
+
+def commits(first_seq: int, t: float, steps: range, job: str = "j") -> list[Ev]:
+    return [
+        Ev(first_seq + i, "STEP_COMMITTED", t + 0.01 * i, job, "", s, f"step {s} committed")
+        for i, s in enumerate(steps)
+    ]
+
+
+def test_trainer_recovery_is_the_commit_of_the_step_the_standby_computed():
+    events = commits(1, 9.0, range(1, 11))
+    events += [
+        Ev(20, "NODE_DEAD", 11.0, "", "trainer-1", 0, "trainer trainer-1 dead: lease expired"),
+        # a step the dead trainer pushed before dying may still commit
+        *commits(21, 11.05, range(11, 12)),
+        Ev(22, "STANDBY_PROMOTED", 11.1, "j", "standby-0", 11, "standby-0 promoted at step 11"),
+        *commits(23, 11.5, range(12, 14)),
+    ]
+    rec = recover(Fault("trainer", "trainer-1", 10.0, 10), events)
+    assert rec.detection_s == 1.0
+    assert rec.action.startswith("standby-0")
+    assert rec.resumed_step == 12  # computed from version 11 by the standby
+    assert abs(rec.recovery_s - 1.5) < 1e-9
+    assert rec.steps_during == 1  # step 11
+
+
+def test_paramserver_recovery_waits_for_the_promotion():
+    events = [
+        Ev(5, "NODE_DEAD", 10.3, "", "ps-0a", 0, "paramserver ps-0a dead"),
+        Ev(6, "REPLICA_PROMOTED", 10.35, "j", "ps-0b", 0, "ps-0b promoted"),
+        *commits(7, 10.6, range(51, 53)),
+    ]
+    rec = recover(Fault("paramserver", "ps-0a", 10.0, 50), events)
+    assert (round(rec.detection_s, 2), rec.resumed_step, round(rec.recovery_s, 2)) == (0.3, 51, 0.6)
+
+
+def test_coordinator_recovery_counts_steps_committed_while_no_one_led():
+    events = [
+        Ev(30, "LEADER_ELECTED", 20.2, "", "coord-1", 0, "leader elected at epoch 2"),
+        *commits(31, 20.3, range(71, 75)),
+    ]
+    rec = recover(Fault("coordinator", "coord-0", 20.0, 70), events)
+    assert rec.detected_by == "leader elected at epoch 2"
+    assert rec.resumed_step == 71 and rec.steps_during == 0
+    assert round(rec.recovery_s, 2) == 0.3
+
+
+def test_unrecovered_fault_has_no_times():
+    rec = recover(Fault("trainer", "trainer-1", 10.0, 10), commits(1, 9.0, range(1, 11)))
+    assert rec.detected_at is None and rec.recovery_s is None
+    assert rec.to_dict()["recovery_s"] is None
+
+
+def test_events_before_the_kill_do_not_count():
+    events = [Ev(1, "NODE_DEAD", 5.0, "", "trainer-1", 0, "an earlier death")]
+    assert recover(Fault("trainer", "trainer-1", 10.0, 3), events).detected_at is None
+
+
+def test_audit_finds_missing_and_repeated_steps():
+    events = commits(1, 0.0, range(1, 5)) + commits(10, 1.0, range(3, 4))
+    audit = audit_steps(events, "j", 5)
+    assert (audit.committed, audit.missing, audit.repeated) == (4, [5], [3])
+    assert audit_steps(events, "other", 0).committed == 0
