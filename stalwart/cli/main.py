@@ -8,7 +8,7 @@ import sys
 import typer
 
 from stalwart import __version__
-from stalwart.cli import admin, bench, ckpt, jobs, ps
+from stalwart.cli import admin, bench, ckpt, demo, jobs, ps
 from stalwart.cli import cluster as cluster_cli
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app.add_typer(jobs.app, name="job")
 app.command("jobs")(jobs.jobs)
 admin.register(app)
 cluster_cli.register(app)
+app.command()(demo.demo)
 
 # Services run as their own processes: the CLI starts them with exec, it never
 # imports their code (the library stays independent of services/).
