@@ -165,6 +165,11 @@ class Worker:
         spec = assignment.spec
         task = resolve(spec)
         model = task.build_model(spec.seed).to(self.device)
+        # One throwaway gradient (slot 0, step 0; nothing is pushed, the weights are
+        # untouched) pays the first-step costs now: loading the dataset (digits-cnn
+        # imports scikit-learn) and autograd's start-up took ~5 s on two busy cores,
+        # which a warm standby promoted into a slot would otherwise add to recovery.
+        training.compute_step(task, model, 0, 0, spec)
         client = self.make_client(assignment.shard_map)
         return JobState(assignment.job_id, spec, task, model, client, shard_map)
 
