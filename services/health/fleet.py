@@ -1,0 +1,141 @@
+"""The health service's decisions: per-node windows in, risks and alert drafts out (pure).
+
+``observe`` takes one validated sample and returns the node's new assessment and
+the alerts it warrants. The gRPC layer (servicer.py) only validates, stamps
+time and publishes; the clock is always passed in.
+
+A node's risk is the largest of: the hardware rules, the thermal rule, the
+straggler rule against its live peers (services/health/rules.py), the fleet
+Isolation Forest's anomaly times ``anomaly_weight`` (below the drain threshold on
+its own by default: an unlabelled detector ranks nodes for placement but does not
+drain them alone), and a sticky 1.0 once corruption was reported about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.health import rules
+from services.health.online import FleetForest
+from services.health.window import NodeWindow, Sample
+
+ANOMALY = "anomaly"
+PREDICTED_FAILURE = "predicted_failure"
+STRAGGLER = "straggler"
+DATA_CORRUPTION = "data_corruption"
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    window_samples: int = 120
+    fit_samples: int = 200
+    drain_threshold: float = 0.8
+    anomaly_alert: float = 0.995
+    anomaly_weight: float = 0.6
+    alert_repeat_seconds: float = 30.0
+    peer_stale_seconds: float = 30.0
+    rules: rules.RuleConfig = field(default_factory=rules.RuleConfig)
+
+
+@dataclass(frozen=True)
+class Assessment:
+    node_id: str
+    risk: float
+    anomaly: float
+    top_signals: tuple[str, ...]
+    time: float
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AlertDraft:
+    kind: str
+    node_id: str
+    risk: float
+    message: str
+    drain: bool
+
+
+class Fleet:
+    def __init__(self, config: HealthConfig = HealthConfig()):
+        self.config = config
+        self.windows: dict[str, NodeWindow] = {}
+        self.forest = FleetForest(config.fit_samples)
+        self.assessments: dict[str, Assessment] = {}
+        self.corrupt: dict[str, str] = {}  # node id -> why (sticky risk 1)
+        self._last_alert: dict[tuple[str, str], float] = {}  # (node, kind) -> time
+
+    # --- input ----------------------------------------------------------------------
+
+    def observe(
+        self, node_id: str, now: float, step: int, metrics: Mapping[str, float]
+    ) -> tuple[Assessment, list[AlertDraft]]:
+        window = self.windows.get(node_id)
+        if window is None:
+            window = self.windows[node_id] = NodeWindow(node_id, self.config.window_samples)
+        window.add(Sample(now, step, dict(metrics)))
+        self.forest.collect(metrics)
+        assessment = self._assess(window, now)
+        self.assessments[node_id] = assessment
+        return assessment, self._alerts(assessment, now)
+
+    @property
+    def ready_to_fit(self) -> bool:
+        return not self.forest.fitted and len(self.forest.pending) >= self.forest.fit_samples
+
+    def report_corruption(self, node_id: str, message: str, now: float) -> AlertDraft:
+        """Corruption caught elsewhere: risk 1 from now on, and an alert."""
+        self.corrupt[node_id] = message
+        old = self.assessments.get(node_id)
+        self.assessments[node_id] = Assessment(
+            node_id, 1.0, old.anomaly if old else 0.0, ("data_corruption",), now, (message,)
+        )
+        self._last_alert[(node_id, DATA_CORRUPTION)] = now
+        return AlertDraft(DATA_CORRUPTION, node_id, 1.0, message, drain=False)
+
+    # --- decisions ------------------------------------------------------------------
+
+    def _assess(self, window: NodeWindow, now: float) -> Assessment:
+        cfg = self.config
+        peers = [
+            w for w in self.windows.values()
+            if w is not window and now - w.last_time <= cfg.peer_stale_seconds
+        ]  # fmt: skip
+        findings = (
+            rules.hardware(window)
+            + rules.thermal(window, cfg.rules)
+            + rules.straggler(window, peers, cfg.rules)
+        )
+        anomaly, top = self.forest.score(window.samples[-1].metrics)
+        risk = max([f.risk for f in findings] + [cfg.anomaly_weight * anomaly])
+        reasons = [f.message for f in sorted(findings, key=lambda f: -f.risk)]
+        signals = [f.signal for f in sorted(findings, key=lambda f: -f.risk)]
+        if window.node_id in self.corrupt:
+            risk = 1.0
+            reasons.insert(0, self.corrupt[window.node_id])
+            signals.insert(0, "data_corruption")
+        signals += [s for s in top if s not in signals]
+        return Assessment(window.node_id, min(1.0, risk), anomaly, tuple(signals[:5]), now,
+                          tuple(reasons))  # fmt: skip
+
+    def _alerts(self, a: Assessment, now: float) -> list[AlertDraft]:
+        cfg = self.config
+        out = []
+        if a.risk >= cfg.drain_threshold and a.node_id not in self.corrupt:
+            kind = STRAGGLER if a.top_signals[:1] == (rules.STEP_TIME,) else PREDICTED_FAILURE
+            out.append(AlertDraft(kind, a.node_id, a.risk, "; ".join(a.reasons), drain=True))
+        elif a.anomaly >= cfg.anomaly_alert:
+            why = ", ".join(a.top_signals) or "unusual combination of readings"
+            out.append(AlertDraft(ANOMALY, a.node_id, a.risk,
+                                  f"telemetry unlike the fleet's ({why})", drain=False))  # fmt: skip
+        return [d for d in out if self._not_repeated(d, now)]
+
+    def _not_repeated(self, draft: AlertDraft, now: float) -> bool:
+        """One alert per (node, kind) per alert_repeat_seconds: watchers act once."""
+        key = (draft.node_id, draft.kind)
+        last = self._last_alert.get(key)
+        if last is not None and now - last < self.config.alert_repeat_seconds:
+            return False
+        self._last_alert[key] = now
+        return True

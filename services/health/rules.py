@@ -1,0 +1,94 @@
+"""Rules a node's recent telemetry is held to: hardware faults and straggling (pure).
+
+Each rule looks at one node's window (and, for straggling, its peers') and returns
+:class:`Finding`s with a risk in [0, 1]; the node's risk is the largest one. Risk
+1 means "expect it to fail now"; the drain threshold (default 0.8) is where the
+coordinator moves its work away.
+
+Metric names follow the Prometheus convention the trainers report
+(docs/models.md): ``gpu_temperature_celsius``, ``step_time_seconds``, and
+cumulative counters ending in ``_total``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.health.window import NodeWindow
+
+# NVIDIA Xid codes that mean the GPU (or its memory or links) is failing, not a
+# software fault: 48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fell off
+# the bus, 92 high single-bit rate, 94/95 contained/uncontained ECC, 119/120 GSP.
+FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+ECC_COUNTERS = ("gpu_ecc_double_bit_total", "gpu_ecc_errors_total")
+XID_COUNTER = "gpu_xid_errors_total"
+XID_LAST = "gpu_xid_last"
+TEMPERATURE = "gpu_temperature_celsius"
+STEP_TIME = "step_time_seconds"
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    temp_warn_c: float = 83.0
+    """Temperature where risk starts (0.5), rising linearly to 1 at temp_critical_c."""
+    temp_critical_c: float = 92.0
+    """Temperature at which the GPU throttles hard or shuts down."""
+    temp_lead_seconds: float = 30.0
+    """A warm GPU whose recent trend reaches temp_critical_c within this long is at risk 0.85."""
+    straggler_factor: float = 3.0
+    """Median step time this many times the peers' median means risk 0.8."""
+    straggler_steps: int = 5
+    """Step times (latest) whose median stands for the node."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # "hardware" | "thermal" | "straggler"
+    risk: float
+    signal: str
+    message: str
+
+
+def hardware(window: NodeWindow) -> list[Finding]:
+    """Uncorrectable ECC errors and fatal Xids seen within the window."""
+    out = []
+    for name in ECC_COUNTERS:
+        grew = window.increase(name)
+        if grew > 0:
+            out.append(Finding("hardware", 1.0, name, f"{grew:g} uncorrectable ECC errors"))
+    if window.increase(XID_COUNTER) > 0:
+        code = int(window.latest(XID_LAST) or 0)
+        risk = 1.0 if code in FATAL_XIDS or code == 0 else 0.6
+        out.append(Finding("hardware", risk, XID_COUNTER, f"Xid error (last code {code})"))
+    return out
+
+
+def thermal(window: NodeWindow, cfg: RuleConfig) -> list[Finding]:
+    t = window.latest(TEMPERATURE)
+    if t is None or t < cfg.temp_warn_c:
+        return []
+    span = cfg.temp_critical_c - cfg.temp_warn_c
+    risk = min(1.0, 0.5 + 0.5 * (t - cfg.temp_warn_c) / span)
+    slope = window.slope(TEMPERATURE)  # degrees per second
+    if slope > 0 and t + slope * cfg.temp_lead_seconds >= cfg.temp_critical_c:
+        risk = max(risk, 0.85)
+    return [Finding("thermal", risk, TEMPERATURE, f"GPU at {t:.1f} C, rising {slope:.2f} C/s")]
+
+
+def straggler(window: NodeWindow, peers: Sequence[NodeWindow], cfg: RuleConfig) -> list[Finding]:
+    """Median step time against the median of the peers' medians."""
+    mine = window.recent_median(STEP_TIME, cfg.straggler_steps)
+    others = [p.recent_median(STEP_TIME, cfg.straggler_steps) for p in peers]
+    others = [o for o in others if o is not None and o > 0]
+    if mine is None or not others:
+        return []
+    ratio = mine / statistics.median(others)
+    if ratio <= 1.0:
+        return []
+    risk = min(1.0, 0.8 * (ratio - 1.0) / (cfg.straggler_factor - 1.0))
+    if risk < 0.05:
+        return []
+    return [Finding("straggler", risk, STEP_TIME, f"steps {ratio:.1f}x slower than peers")]

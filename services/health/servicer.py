@@ -1,0 +1,178 @@
+"""gRPC adapter of the health service: validate, stamp time, call the Fleet, publish.
+
+Decisions live in fleet.py / rules.py / online.py; this file only moves data.
+Time is the receiver's wall clock (time.time()), not the sender's: windows and
+trends then never depend on a node's clock being right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import structlog
+from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import Counter
+
+from services.health.alerts import AlertLog
+from services.health.fleet import Assessment, Fleet
+from services.health.settings import HealthSettings
+from stalwart.api import health, health_grpc
+from stalwart.errors import ErrorKind, StalwartError
+from stalwart.server import rpc_handler
+
+log = structlog.get_logger(__name__)
+
+SAMPLES = Counter("stalwart_health_samples_total", "Telemetry samples received.", ["result"])
+ALERTS = Counter("stalwart_health_alerts_total", "Alerts raised.", ["kind"])
+
+KINDS = {
+    "anomaly": health.ALERT_KIND_ANOMALY,
+    "predicted_failure": health.ALERT_KIND_PREDICTED_FAILURE,
+    "data_corruption": health.ALERT_KIND_DATA_CORRUPTION,
+    "straggler": health.ALERT_KIND_STRAGGLER,
+}
+KIND_NAMES = {v: k for k, v in KINDS.items()}
+WATCH_POLL_S = 1.0  # a watch stream notices being cut off at least this often
+MAX_PAGE = 1000
+
+
+def _ts(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def check_sample(sample, max_metrics: int) -> None:
+    """INVALID_ARGUMENT / LIMIT_EXCEEDED for a sample the fleet must not see."""
+    if not sample.node_id or len(sample.node_id) > 128:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "sample.node_id (1-128 chars) is required")
+    if len(sample.metrics) > max_metrics:
+        raise StalwartError(
+            ErrorKind.LIMIT_EXCEEDED,
+            f"{len(sample.metrics)} metrics in one sample; at most {max_metrics}",
+        )
+    for name, value in sample.metrics.items():
+        if not name or len(name) > 128:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, "metric names are 1-128 chars")
+        if not math.isfinite(value):
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"metric {name!r} is not finite")
+
+
+def risk_proto(a: Assessment) -> health.NodeRisk:
+    return health.NodeRisk(node_id=a.node_id, risk=a.risk, anomaly_score=a.anomaly,
+                           top_signals=list(a.top_signals), update_time=_ts(a.time))  # fmt: skip
+
+
+class HealthServicer(health_grpc.HealthMonitorServiceServicer):
+    def __init__(self, settings: HealthSettings, fleet: Fleet | None = None):
+        self.settings = settings
+        self.fleet = fleet or Fleet(settings.health_config())
+        self.alerts = AlertLog(settings.alerts_kept)
+        self._fitting = False
+
+    # --- ingestion --------------------------------------------------------------------
+
+    @rpc_handler
+    async def StreamTelemetry(self, request_iterator, context):
+        accepted = 0
+        async for request in request_iterator:
+            try:
+                check_sample(request.sample, self.settings.max_metrics)
+            except StalwartError:
+                SAMPLES.labels("rejected").inc()
+                raise  # the stream ends with the error: the sender must fix itself
+            self.ingest(request.sample, time.time())
+            accepted += 1
+        return health.StreamTelemetryResponse(samples_accepted=accepted)
+
+    def ingest(self, sample, now: float) -> None:
+        SAMPLES.labels("accepted").inc()
+        _, drafts = self.fleet.observe(sample.node_id, now, sample.step, dict(sample.metrics))
+        for d in drafts:
+            self._publish(KINDS[d.kind], d.node_id, d.risk, d.message, d.drain, now)
+        if self.fleet.ready_to_fit and not self._fitting:
+            self._fitting = True
+            asyncio.ensure_future(self._fit())
+
+    async def _fit(self) -> None:
+        try:
+            await asyncio.to_thread(self.fleet.forest.fit)
+            log.info("isolation forest fitted", features=self.fleet.forest.features)
+        finally:
+            self._fitting = False
+
+    def _publish(self, kind, node_id, risk, message, drain, now) -> health.Alert:
+        alert = health.Alert(alert_id=self.alerts.next_id(), kind=kind, node_id=node_id,
+                             risk=risk, time=_ts(now), message=message, drain=drain)  # fmt: skip
+        ALERTS.labels(KIND_NAMES[kind]).inc()
+        log.warning("alert", kind=KIND_NAMES[kind], node=node_id, risk=round(risk, 3),
+                    drain=drain, message=message)  # fmt: skip
+        self.alerts.publish(alert)
+        return alert
+
+    @rpc_handler
+    async def RaiseAlert(self, request, context):
+        if not request.node_id:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, "node_id is required")
+        now = time.time()
+        kind = request.kind or health.ALERT_KIND_DATA_CORRUPTION
+        if kind == health.ALERT_KIND_DATA_CORRUPTION:
+            self.fleet.report_corruption(request.node_id, request.message, now)
+        alert = self._publish(kind, request.node_id, 1.0, request.message, request.drain, now)
+        return health.RaiseAlertResponse(alert=alert)
+
+    # --- queries ------------------------------------------------------------------------
+
+    @rpc_handler
+    async def GetNodeRisk(self, request, context):
+        a = self.fleet.assessments.get(request.node_id)
+        if a is None:
+            raise StalwartError(ErrorKind.NOT_FOUND, f"no telemetry from {request.node_id!r}")
+        return health.GetNodeRiskResponse(risk=risk_proto(a))
+
+    @rpc_handler
+    async def ListNodeRisks(self, request, context):
+        items = sorted(self.fleet.assessments.values(), key=lambda a: (-a.risk, a.node_id))
+        chunk, token = _page(items, request.page_size, request.page_token)
+        return health.ListNodeRisksResponse(risks=[risk_proto(a) for a in chunk],
+                                            next_page_token=token)  # fmt: skip
+
+    @rpc_handler
+    async def ListAlerts(self, request, context):
+        items = self.alerts.newest_first(request.node_id)
+        chunk, token = _page(items, request.page_size, request.page_token)
+        return health.ListAlertsResponse(alerts=chunk, next_page_token=token)
+
+    @rpc_handler
+    async def WatchAlerts(self, request, context):
+        queue = self.alerts.subscribe()
+        try:
+            while True:
+                try:
+                    alert = await asyncio.wait_for(queue.get(), WATCH_POLL_S)
+                except TimeoutError:
+                    if self.alerts.cut_off(queue) and queue.empty():
+                        raise StalwartError(
+                            ErrorKind.UNAVAILABLE, "watcher fell behind: list and watch again"
+                        ) from None
+                    continue
+                if alert.risk >= request.min_risk:
+                    yield health.WatchAlertsResponse(alert=alert)
+        finally:
+            self.alerts.unsubscribe(queue)
+
+
+def _page(items: list, size: int, token: str) -> tuple[list, str]:
+    """Offset pages: the token is the index of the next item (lists are small and recent)."""
+    if size < 0:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "page_size must be >= 0")
+    try:
+        start = int(token) if token else 0
+    except ValueError:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "bad page_token") from None
+    size = min(size or 100, MAX_PAGE)
+    chunk = items[start : start + size]
+    nxt = str(start + size) if start + size < len(items) else ""
+    return chunk, nxt

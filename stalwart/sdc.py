@@ -1,0 +1,62 @@
+"""Silent-data-corruption helpers shared by trainers and the coordinator (no I/O).
+
+- :func:`gradient_crc32c`: the fingerprint two trainers compare when they
+  computed the same slot batch. Gradients are bitwise reproducible (DESIGN.md
+  invariant 4), so equal inputs give equal fingerprints and any difference is
+  corruption, not rounding.
+- :func:`is_sampled`: which (job, step, slot) batches are computed twice. A pure
+  function of its arguments, so the trainer holding the slot and the coordinator
+  agree without a message.
+- :func:`flip_bit`: the test-only corruption the trainer's fault hook injects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping
+
+import torch
+
+from stalwart.codec import crc32c
+
+# Sampling resolution: rates are compared against a 53-bit uniform value.
+_UNIT = float(1 << 53)
+
+
+def gradient_crc32c(grads: Mapping[str, torch.Tensor]) -> int:
+    """CRC32C over every tensor's name, shape, dtype and bytes, in name order."""
+    crc = 0
+    for name in sorted(grads):
+        t = grads[name].detach().to("cpu").contiguous()
+        header = f"{name}|{tuple(t.shape)}|{t.dtype}|".encode()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        crc = crc32c(struct.pack("<I", crc) + header + data)
+    return crc
+
+
+def is_sampled(job_id: str, seed: int, step: int, slot: int, rate: float) -> bool:
+    """True when slot ``slot``'s batch of ``step`` is computed twice (rate in [0, 1])."""
+    if rate <= 0:
+        return False
+    if rate >= 1:
+        return True
+    digest = hashlib.blake2b(f"dup|{job_id}|{seed}|{step}|{slot}".encode(), digest_size=8).digest()
+    u = (int.from_bytes(digest, "little") >> 11) / _UNIT
+    return u < rate
+
+
+def flip_bit(grads: Mapping[str, torch.Tensor], bit: int = 22) -> str:
+    """Flip one bit of the first element of the first gradient (name order), in place.
+
+    Bit 22 is a float32's highest mantissa bit: the value changes by up to half
+    but stays finite, so only a comparison (not the non-finite check) can see it.
+    Returns the tensor's name.
+    """
+    name = sorted(grads)[0]
+    flat = grads[name].view(-1)
+    if flat.dtype != torch.float32:
+        raise ValueError("flip_bit handles float32 gradients")
+    as_int = flat[:1].view(torch.int32)
+    as_int ^= 1 << bit
+    return name

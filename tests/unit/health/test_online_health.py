@@ -1,0 +1,165 @@
+"""The health service's decisions on plain values: rules, risk thresholds, the fleet
+forest and alert drafts (no gRPC)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from services.health import rules
+from services.health.fleet import (
+    ANOMALY,
+    DATA_CORRUPTION,
+    PREDICTED_FAILURE,
+    STRAGGLER,
+    Fleet,
+    HealthConfig,
+)
+from services.health.online import FleetForest, gauge_names
+from services.health.servicer import check_sample
+from services.health.window import NodeWindow, Sample
+from stalwart.api import coordinator
+from stalwart.errors import ErrorKind, StalwartError
+
+pytestmark = pytest.mark.timeout(60)
+CFG = rules.RuleConfig()
+
+
+def window(*rows: tuple[float, int, dict]) -> NodeWindow:
+    w = NodeWindow("n")
+    for t, step, metrics in rows:
+        w.add(Sample(t, step, metrics))
+    return w
+
+
+@pytest.mark.parametrize(
+    "temps, want",
+    [
+        ([60, 60, 61], 0.0),  # cool: no finding at all
+        ([83, 83, 83], 0.5),  # at the warning line
+        ([87.5, 87.5, 87.5], 0.75),  # half way to critical
+        ([95, 95, 95], 1.0),  # past critical: capped at 1
+    ],
+)
+def test_thermal_risk_is_linear_between_warning_and_critical(temps, want):
+    w = window(*[(float(i), i, {"gpu_temperature_celsius": t}) for i, t in enumerate(temps)])
+    found = rules.thermal(w, CFG)
+    assert (found[0].risk if found else 0.0) == pytest.approx(want)
+
+
+def test_a_warm_gpu_climbing_fast_is_at_risk_before_it_is_critical():
+    # 84 C climbing 1 C/s: critical (92) within the 30 s lead time
+    w = window(*[(float(i), i, {"gpu_temperature_celsius": 80.0 + i}) for i in range(5)])
+    assert rules.thermal(w, CFG)[0].risk == pytest.approx(0.85)
+
+
+def test_ecc_and_fatal_xid_counters_that_grow_mean_risk_one():
+    assert rules.hardware(window((0, 0, {"gpu_ecc_errors_total": 3}),
+                                 (1, 1, {"gpu_ecc_errors_total": 3}))) == []  # fmt: skip
+    grew = rules.hardware(window((0, 0, {"gpu_ecc_errors_total": 3}),
+                                 (1, 1, {"gpu_ecc_errors_total": 5})))  # fmt: skip
+    assert [(f.risk, f.message) for f in grew] == [(1.0, "2 uncorrectable ECC errors")]
+    xid = rules.hardware(window((0, 0, {"gpu_xid_errors_total": 0}),
+                                (1, 1, {"gpu_xid_errors_total": 1, "gpu_xid_last": 79})))  # fmt: skip
+    assert xid[0].risk == 1.0
+    benign = rules.hardware(window((0, 0, {"gpu_xid_errors_total": 0}),
+                                   (1, 1, {"gpu_xid_errors_total": 1, "gpu_xid_last": 13})))  # fmt: skip
+    assert benign[0].risk == 0.6
+
+
+@pytest.mark.parametrize("ratio, want", [(1.0, None), (2.0, 0.4), (3.0, 0.8), (5.0, 1.0)])
+def test_straggler_risk_grows_with_the_ratio_to_peers(ratio, want):
+    me = window(*[(i, i, {"step_time_seconds": 0.1 * ratio}) for i in range(5)])
+    peers = [window(*[(i, i, {"step_time_seconds": 0.1}) for i in range(5)]) for _ in range(2)]
+    found = rules.straggler(me, peers, CFG)
+    assert (found[0].risk if found else None) == (pytest.approx(want) if want else None)
+
+
+def test_counter_increase_survives_a_reset():
+    w = window((0, 0, {"c_total": 5}), (1, 1, {"c_total": 7}), (2, 2, {"c_total": 1}))
+    assert w.increase("c_total") == 3  # +2, then a restart counted from 0: +1
+
+
+def test_fleet_raises_one_drain_alert_when_risk_crosses_the_threshold():
+    fleet = Fleet(HealthConfig(drain_threshold=0.8, alert_repeat_seconds=1000))
+    drafts = []
+    for i, temp in enumerate([70, 75, 80, 84, 88, 91, 93, 95]):
+        # 100 s apart: too slow a climb for the trend rule, only the level counts
+        a, d = fleet.observe("n1", float(i * 100), i, {"gpu_temperature_celsius": temp})
+        drafts += [(i, x) for x in d]
+    # 84 C is risk 0.56, 88 C is 0.78, 91 C is 0.94: the first drain alert at 91 C,
+    # and no repeat within alert_repeat_seconds.
+    assert [(i, x.kind, x.drain) for i, x in drafts] == [(5, PREDICTED_FAILURE, True)]
+    assert drafts[0][1].risk == pytest.approx(0.5 + 0.5 * 8 / 9)
+    assert fleet.assessments["n1"].risk == 1.0
+    assert fleet.assessments["n1"].top_signals[0] == "gpu_temperature_celsius"
+
+
+def test_fleet_flags_a_straggler_against_its_live_peers_only():
+    fleet = Fleet(HealthConfig(peer_stale_seconds=5))
+    for step in range(6):
+        fleet.observe("slow", step, step, {"step_time_seconds": 0.5})
+        fleet.observe("fast", step, step, {"step_time_seconds": 0.1})
+    a = fleet.assessments["slow"]
+    assert a.risk == 1.0 and a.top_signals[0] == "step_time_seconds"
+    assert fleet._last_alert[("slow", STRAGGLER)] >= 0
+    # 100 s later the peer is stale: nothing to compare with, the risk falls
+    a, drafts = fleet.observe("slow", 100.0, 7, {"step_time_seconds": 0.5})
+    assert a.risk == 0.0 and drafts == []
+
+
+def test_reported_corruption_pins_the_risk_at_one():
+    fleet = Fleet()
+    fleet.observe("n1", 0.0, 0, {"loss": 1.0})
+    draft = fleet.report_corruption("n1", "gradient fingerprint outvoted", 1.0)
+    assert (draft.kind, draft.risk) == (DATA_CORRUPTION, 1.0)
+    a, drafts = fleet.observe("n1", 2.0, 1, {"loss": 1.0})
+    assert a.risk == 1.0 and a.reasons[0] == "gradient fingerprint outvoted" and drafts == []
+
+
+def test_fleet_forest_scores_an_outlier_high_and_normal_samples_low():
+    rng = np.random.default_rng(0)
+    forest = FleetForest(fit_samples=200, seed=0)
+    for _ in range(200):
+        forest.collect({"gpu_power_watts": 300 + rng.normal(0, 5),
+                        "step_time_seconds": 0.1 + rng.normal(0, 0.002),
+                        "steps_total": 5.0})  # fmt: skip
+    forest.fit()
+    assert forest.features == ["gpu_power_watts", "step_time_seconds"]  # counters left out
+    normal, _ = forest.score({"gpu_power_watts": 300.0, "step_time_seconds": 0.1})
+    odd, top = forest.score({"gpu_power_watts": 180.0, "step_time_seconds": 0.1})
+    assert normal < 0.5 and odd == 1.0
+    assert top == ["gpu_power_watts"]
+
+
+def test_anomaly_alone_alerts_but_does_not_ask_for_a_drain():
+    fleet = Fleet(HealthConfig(fit_samples=50))
+    for i in range(50):
+        fleet.observe(f"n{i % 5}", float(i), i, {"gpu_power_watts": 300.0 + (i % 7)})
+    fleet.forest.fit()
+    a, drafts = fleet.observe("n1", 60.0, 60, {"gpu_power_watts": 100.0})
+    assert a.anomaly == 1.0 and a.risk == pytest.approx(0.6)
+    assert [(d.kind, d.drain) for d in drafts] == [(ANOMALY, False)]
+
+
+def test_gauge_names_need_most_samples():
+    assert gauge_names([{"a": 1, "b": 1}, {"a": 1}, {"a": 2, "x_total": 4}]) == ["a"]
+
+
+@pytest.mark.parametrize(
+    "node_id, metrics, kind",
+    [
+        ("", {"a": 1.0}, ErrorKind.INVALID_ARGUMENT),
+        ("n", {"a": math.nan}, ErrorKind.INVALID_ARGUMENT),
+        ("n", {"a": math.inf}, ErrorKind.INVALID_ARGUMENT),
+        ("n", {f"m{i}": 1.0 for i in range(9)}, ErrorKind.LIMIT_EXCEEDED),
+    ],
+)
+def test_bad_samples_are_refused(node_id, metrics, kind):
+    sample = coordinator.TelemetrySample(node_id=node_id, metrics=metrics)
+    with pytest.raises(StalwartError) as info:
+        check_sample(sample, max_metrics=8)
+    assert info.value.kind is kind
+    check_sample(coordinator.TelemetrySample(node_id="n", metrics={"a": 1.0}), 8)
