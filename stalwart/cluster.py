@@ -118,7 +118,8 @@ class LocalCluster:
 
     @property
     def coordinator_addresses(self) -> list[str]:
-        return [m.address for m in self.of_role("coordinator")]
+        # a stand-in coordinator reuses its predecessor's address: list it once
+        return list(dict.fromkeys(m.address for m in self.of_role("coordinator")))
 
     def paramserver_addresses(self, shard: int) -> list[str]:
         return [m.address for m in self.of_role("paramserver") if m.shard == shard]
@@ -149,20 +150,26 @@ class LocalCluster:
         proc = self.procs.get(name)
         return proc.alive() if proc is not None else _is_ours(self.member(name))
 
-    def add(
-        self, role: str, *, shard: int = 0, standby: bool = False, backup: bool = True
-    ) -> Member:
-        """Start one more process of ``role`` (a replacement after a kill) and record it."""
-        count = sum(1 for m in self.members if m.role == role)
-        if role == "coordinator":
-            spec = _coordinator_spec(f"coord-{count}", self.store_url)
-        elif role == "paramserver":
-            spec = _paramserver_spec(
-                f"ps-{shard}-{count}", shard, [], self.coordinator_addresses, backup
-            )
+    def replace(self, name: str) -> Member:
+        """Start a stand-in for a dead member, as an operator (or Kubernetes) would.
+
+        A coordinator comes back on the same port, so the address lists every node
+        was given stay valid; a paramserver comes back as a backup of its group
+        (the coordinator attaches it to the primary); a trainer comes back as a
+        warm standby. The stand-in gets a new name (and node id).
+        """
+        dead = self.member(name)
+        if self.alive(name):
+            raise ClusterError(f"{name} is still running")
+        n = sum(1 for m in self.members if m.name.startswith(f"{name}.")) + 1
+        new = f"{name}.{n}"
+        if dead.role == "coordinator":
+            spec = _coordinator_spec(new, self.store_url)
+            spec = _Spec(new, spec.role, (*spec.args, "--port", dead.address.rsplit(":", 1)[1]))
+        elif dead.role == "paramserver":
+            spec = _paramserver_spec(new, dead.shard, [], self.coordinator_addresses, True)
         else:
-            name = f"{'standby' if standby else 'trainer'}-{count}"
-            spec = _trainer_spec(name, self.coordinator_addresses, standby, self.config)
+            spec = _trainer_spec(new, self.coordinator_addresses, True, self.config)
         member = self._start(spec)
         self.save()
         return member

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
 from rich.console import Console
 
-from stalwart.cli.output import OUTPUT_OPTION, Output, emit_json, emit_mapping
+from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit_json, emit_mapping, fail
 
 app = typer.Typer(help="Benchmarks with same-run baselines.", no_args_is_help=True)
 
@@ -64,3 +66,52 @@ def bench_ckpt(
         import shutil
 
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def _status(text: str, output: Output):
+    """A spinner on stderr for people; nothing for scripts."""
+    return contextlib.nullcontext() if output is Output.json else Console(stderr=True).status(text)
+
+
+@app.command("overhead")
+def bench_overhead(
+    steps: int = typer.Option(150, min=20, help="steps of the mlp job (both sides)"),
+    warmup: int = typer.Option(30, min=1, help="steps not timed"),
+    batch_size: int = typer.Option(64, min=1, help="examples per step"),
+    hidden: int = typer.Option(1024, min=8, help="mlp hidden width (4 layers)"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Samples/s of mlp through Stalwart (1 trainer, replication on) vs a plain torch loop."""
+    from stalwart.bench import overhead
+
+    if warmup >= steps:
+        fail("--warmup must be below --steps", ExitCode.INVALID_INPUT)
+    with Console(stderr=True).status(
+        "plain loop, then a local cluster…", disable=output is Output.json
+    ):
+        result = overhead.run(steps, warmup, batch_size, hidden)
+    if output is Output.json:
+        return emit_json(result)
+    emit_mapping("training throughput: Stalwart vs plain torch (same run)", result)
+
+
+@app.command("recovery")
+def bench_recovery(
+    trials: int = typer.Option(3, min=1, help="kills per fault kind"),
+    between: int = typer.Option(20, min=1, help="steps of steady state before each kill"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """kill -9 -> next committed step, per fault kind (median of --trials), lost/repeated steps."""
+    from stalwart.bench import recovery
+
+    with _status("killing, timing, replacing (a few minutes)…", output):
+        result = recovery.run(trials, between)
+    if output is Output.json:
+        return emit_json(result)
+    emit_mapping(
+        "recovery: kill -9 to the next committed step",
+        {kind: f"median {v['median_s']} s, max {v['max_s']} s over {v['recovered']}/{v['trials']}"
+               f" (goal <= {v['goal_s']} s)" for kind, v in result["kill_to_next_commit"].items()}
+        | {k: result[k] for k in ("steps", "lost_steps", "repeated_steps",
+                                  "bitwise_equal_to_reference", "run_dir")},
+    )  # fmt: skip
