@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from services.paramserver import optim
+from services.paramserver import metrics, optim
 from services.paramserver.registration import Registration
 from services.paramserver.replica import ReplicaState, Role
 from services.paramserver.replicator import Replicator
@@ -71,9 +71,14 @@ async def run(settings: ParamServerSettings) -> None:
         asyncio.ensure_future(runner.set_serving(role is not Role.FENCED, SERVICE_NAME))
 
     servicer.on_role_change = on_role_change
+    metrics.watch(servicer)
     await runner.start()
     resync = asyncio.create_task(servicer.resync_forever())
-    registration = Registration(settings, runner.address) if settings.coordinator else None
+    registration = (
+        Registration(settings, settings.advertise_address or runner.address)
+        if settings.coordinator
+        else None
+    )
     if registration is not None:
         registration.start()
     try:

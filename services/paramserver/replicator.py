@@ -10,11 +10,13 @@ re-installs its state under the job's lock, after which it follows again.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 
 import grpc
 import structlog
 
+from services.paramserver import metrics
 from services.paramserver.job import Entry
 from services.paramserver.replica import ReplicaState
 from stalwart import codec
@@ -75,6 +77,9 @@ class Replicator:
         self._stub_for = stub_for
         self.min_insync = min_insync
         self.chunk_bytes = chunk_bytes
+        # (backup address, job) -> the version that backup last confirmed holding;
+        # read by the replication lag gauge (services/paramserver/metrics.py).
+        self.acked: dict[tuple[str, str], int] = {}
 
     # --- which backups hold which job -------------------------------------------
 
@@ -162,12 +167,16 @@ class Replicator:
             new_version=base_version + 1,
             entries=[e.to_proto() for e in entries],
         )
+        started = time.perf_counter()
         errors = await asyncio.gather(*(self._commit_one(a, request) for a in targets))
+        if targets:
+            metrics.REPLICATION_SECONDS.observe(time.perf_counter() - started)
         applied = []
         for address, err in zip(targets, errors, strict=True):
             self._check_fenced(err)
             if err is None:
                 applied.append(address)
+                self.acked[(address, job_id)] = base_version + 1
             else:
                 self.drop(address, job_id, err.message)
         self.require_insync(job_id)
@@ -215,6 +224,7 @@ class Replicator:
         if link is not None:
             link.synced_jobs.add(header.model.job_id)
             link.last_error = ""
+        self.acked[(address, header.model.job_id)] = header.version
 
     async def delete(self, job_id: str) -> None:
         request = paramserver.DeleteModelRequest(job_id=job_id, epoch=self.replica.epoch)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from services.paramserver import metrics
 from services.paramserver.consistency import Verdict
 from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
 from services.paramserver.replica import Check, ReplicaState, Role
@@ -201,6 +202,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     # --- push ------------------------------------------------------------------
 
     @rpc_handler
+    @metrics.counted_push
     async def Push(self, request_iterator, context):
         header = await _first(request_iterator, "push header")
         self._client(header.epoch)
@@ -449,6 +451,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     # --- checkpoints (services/paramserver/checkpointing.py) ----------------------
 
     @rpc_handler
+    @metrics.counted_save
     async def SaveCheckpoint(self, request, context):
         from services.paramserver import checkpointing
 

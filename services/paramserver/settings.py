@@ -42,5 +42,10 @@ class ParamServerSettings(ServiceSettings):
     """Comma-separated host:port of the coordinator replicas to register with and
     heartbeat to; empty runs the replica standalone (configured by its flags only)."""
 
+    advertise_address: str = ""
+    """host:port the coordinator, trainers and the other replicas dial to reach this one
+    (registered with the coordinator); default: the bound address, which is no use to
+    others when the bind host is 0.0.0.0."""
+
     def backup_list(self) -> list[str]:
         return [b.strip() for b in self.backups.split(",") if b.strip()]

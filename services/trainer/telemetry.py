@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from services.trainer import metrics as prom  # StepStats has a metrics() of its own
 from stalwart import log
 
 try:  # optional: only machines with NVIDIA GPUs need it
@@ -39,6 +40,7 @@ class StepStats:
         self.grad_norm = grad_norm
         self.samples_per_second = samples / seconds if seconds > 0 else 0.0
         self.steps_total += 1
+        prom.step_recorded(seconds, loss, samples)
 
     def metrics(self) -> dict[str, float]:
         if self.steps_total == 0:
