@@ -86,9 +86,7 @@ def bench_overhead(
 
     if warmup >= steps:
         fail("--warmup must be below --steps", ExitCode.INVALID_INPUT)
-    with Console(stderr=True).status(
-        "plain loop, then a local cluster…", disable=output is Output.json
-    ):
+    with _status("plain loop, then a local cluster…", output):
         result = overhead.run(steps, warmup, batch_size, hidden)
     if output is Output.json:
         return emit_json(result)
