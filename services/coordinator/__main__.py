@@ -13,6 +13,7 @@ import sys
 
 import structlog
 
+from services.coordinator import metrics
 from services.coordinator.checkpoints import Checkpoints
 from services.coordinator.control import Control
 from services.coordinator.election import Election
@@ -70,7 +71,11 @@ async def run(settings: CoordinatorSettings) -> None:
     )
     # The election needs the bound address, the servicer needs the election:
     # build the election first with the address filled in after binding.
-    election = Election(state, leader, "", settings, control.take_over, control.stand_down)
+    leases = await _open_leases(settings.lease_url) if settings.lease_url else None
+    election = Election(
+        state, leader, "", settings, control.take_over, control.stand_down, leases=leases
+    )
+    metrics.watch(control)
     holder["election"] = election
     control.on_fenced = election.fenced
     await runner.start()
@@ -90,6 +95,18 @@ async def run(settings: CoordinatorSettings) -> None:
         await links.close()
         await asyncio.to_thread(checkpoints.close)
         store.close()
+
+
+async def _open_leases(url: str):
+    """The leader lease's own backend: a Kubernetes Lease for ``k8s://``, else a store."""
+    try:
+        if url.startswith("k8s://"):
+            from stalwart.stores.k8s_lease import K8sLeases  # needs the kubernetes client
+
+            return await asyncio.to_thread(K8sLeases.from_url, url)
+        return await asyncio.to_thread(open_store, url)
+    except Exception as exc:  # also the kubernetes client's own config errors
+        raise ConfigError(f"cannot open the lease backend {url}: {exc}") from exc
 
 
 async def _hand_over(election: Election | None) -> None:

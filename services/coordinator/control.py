@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from services.coordinator import drain, jobs, placement
+from services.coordinator import drain, jobs, metrics, placement
 from services.coordinator.convert import (
     job_from_proto,
     job_to_proto,
@@ -124,6 +124,7 @@ class Control:
                 ErrorKind.NOT_LEADER, "deposed: a newer coordinator leads"
             ) from None
         self.events.publish(events)
+        metrics.record_events(events)
 
     async def _fenced(self, reason: str) -> None:
         log.warning("fenced by a newer coordinator epoch", reason=reason)
@@ -226,6 +227,7 @@ class Control:
             if drain.decide_drain(node.state) is drain.DrainDecision.START:
                 node.state = NodeState.DRAINING
                 self._dirty_nodes.add(node_id)
+                metrics.drain_started(node_id)  # a recovery's start: node_drained
                 log.info("draining", node=node_id, reason=reason)
                 self._reconcile(time.time())
                 await self._flush()

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
-from prometheus_client import Counter
 
 from services.coordinator.leader import LeaderState, Role
+from services.coordinator.metrics import LEADER_CHANGES, leader_elected
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.statestore import StateStore
 from stalwart.errors import StalwartError
@@ -24,10 +25,15 @@ from stalwart.stores import Lease
 
 log = structlog.get_logger(__name__)
 
-LEADER_CHANGES = Counter(
-    "stalwart_coordinator_leader_changes_seen_total",
-    "Times this replica saw itself become leader or stop being leader.",
-)
+
+class Leases(Protocol):
+    """The lease half of the store contract: every Store has it, and so has
+    :class:`stalwart.stores.k8s_lease.K8sLeases` (a lease without a state store)."""
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> Lease | None: ...
+    def renew_lease(self, lease: Lease) -> bool: ...
+    def release_lease(self, lease: Lease) -> bool: ...
+    def get_lease(self, name: str) -> Lease | None: ...
 
 
 class Election:
@@ -39,8 +45,12 @@ class Election:
         settings: CoordinatorSettings,
         on_elected: Callable[[int], Awaitable[None]],
         on_deposed: Callable[[], None],
+        leases: Leases | None = None,
     ) -> None:
         self.state = state
+        # The lease may live apart from the state (k8s:// on Kubernetes): the
+        # state store is still fenced by the lease's token (StateStore.take_over).
+        self.leases: Leases = leases if leases is not None else state.store
         self.leader = leader
         self.holder = holder
         self.settings = settings
@@ -67,10 +77,10 @@ class Election:
     async def _try_acquire(self) -> None:
         started = time.monotonic()
         try:
-            lease = await self._io(self.state.store.acquire_lease, self.state.lease_name,
+            lease = await self._io(self.leases.acquire_lease, self.state.lease_name,
                                    self.holder, self.settings.leader_ttl_seconds)  # fmt: skip
             if lease is None:
-                current = await self._io(self.state.store.get_lease, self.state.lease_name)
+                current = await self._io(self.leases.get_lease, self.state.lease_name)
                 if current is not None:
                     self.leader.observed(current.holder, current.token)
                 return
@@ -86,11 +96,14 @@ class Election:
         except Exception as exc:  # cannot load state or fenced: give the lease back
             log.exception("taking over failed; stepping down")
             await self.step_down(f"take-over failed: {exc}")
+            return
+        # from finding the lease free (the old leader's lapsed) to serving the stored state
+        leader_elected(lease.token, time.monotonic() - started)
 
     async def _renew(self) -> None:
         started = time.monotonic()
         try:
-            ok = self.lease is not None and await self._io(self.state.store.renew_lease, self.lease)
+            ok = self.lease is not None and await self._io(self.leases.renew_lease, self.lease)
         except (StalwartError, TimeoutError) as exc:
             log.warning("cannot renew the leader lease", error=str(exc))
             ok = False
@@ -121,6 +134,6 @@ class Election:
         lease, self.lease = self.lease, None
         if release and lease is not None:
             try:
-                await self._io(self.state.store.release_lease, lease)
+                await self._io(self.leases.release_lease, lease)
             except (StalwartError, TimeoutError) as exc:
                 log.warning("cannot release the leader lease; it will lapse", error=str(exc))

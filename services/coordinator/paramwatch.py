@@ -193,11 +193,12 @@ class ParamWatch:
         await self.links.promote(d.address, d.epoch, d.backups)
         async with c.lock:
             c.require_leader()
+            previous = c.groups.get(shard, ("", 0))[0]  # whose death this recovers from
             c.groups[shard] = (d.node_id, d.epoch)
             c._dirty_groups.add(shard)
             c.events.add(EV.EVENT_KIND_REPLICA_PROMOTED,
                          f"paramserver {d.node_id} promoted to primary of shard {shard} at epoch {d.epoch}",
-                         node_id=d.node_id, shard=shard, epoch=d.epoch)  # fmt: skip
+                         node_id=d.node_id, shard=shard, epoch=d.epoch, previous=previous)  # fmt: skip
             await c._flush()
         log.warning("promoted paramserver", node=d.node_id, shard=shard, epoch=d.epoch)
 

@@ -59,6 +59,12 @@ class CoordinatorSettings(ServiceSettings):
     events_kept: int = Field(default=10_000, ge=100)
     """Events kept in the store for WatchEvents replay."""
 
+    lease_url: str = ""
+    """Where the leader lease is held, when not in store_url: ``k8s://namespace/prefix``
+    (a coordination.k8s.io Lease, stalwart/stores/k8s_lease.py) or any store URL. Its
+    fencing token is the coordinator epoch, so keep one lease backend for the life of a
+    state store (another one would start counting epochs from 1 again)."""
+
     checkpoint_url: str = ""
     """Store of the jobs' checkpoints (chunks and manifests: the catalog); default: store_url."""
 
