@@ -99,7 +99,7 @@ async def run(settings: TrainerSettings) -> None:
     telemetry = Telemetry(device, worker.stats)
     loop_task = servicer.loop_task = asyncio.create_task(worker.run())
     loop_task.add_done_callback(lambda _task: runner.request_stop())
-    source = make_source(settings, worker, runner.address, telemetry)
+    source = make_source(settings, worker, settings.advertise_address or runner.address, telemetry)
     log.get_logger(__name__).info("trainer started", device=device, standby=settings.standby)
     try:
         await source.start()

@@ -35,6 +35,10 @@ class TrainerSettings(ServiceSettings):
     "crash_at_step=7", "crash_after_push=7", "hang_at_step=7", "delay_s=0.5"
     (see services/trainer/faults.py)."""
 
+    advertise_address: str = ""
+    """host:port the coordinator lists for this trainer (RegisterNode); default: the bound
+    address, which is no use to others when the bind host is 0.0.0.0."""
+
     call_timeout_seconds: float = Field(default=30.0, gt=0)
     """Deadline of one paramserver call (a sync push waits for every slot)."""
 

@@ -27,27 +27,10 @@ COMPOSE_SCHEMA = (
 )  # fmt: skip
 
 #: Settings the deploy files set before the service defines them.
-PENDING_ENV: dict[str, set[str]] = {
-    "paramserver": {
-        "STALWART_ADVERTISE_ADDRESS",  # address others dial (the bind host is 0.0.0.0)
-        "STALWART_CHECKPOINT_URL",  # snapshots into the durable tier
-    },
-    "coordinator": {
-        "STALWART_CHECKPOINT_URL",  # checkpoint chunks (hot tier)
-        "STALWART_DURABLE_URL",  # durable file:// tier
-        "STALWART_LEASE_URL",  # k8s:// leader election (stalwart/stores/k8s_lease.py)
-    },
-    "trainer": {
-        "STALWART_ADVERTISE_ADDRESS",  # address the coordinator lists for the trainer
-    },
-    "health": {
-        "STALWART_COORDINATOR",  # where to send drain requests
-        "STALWART_ADVERTISE_ADDRESS",
-    },
-}
+PENDING_ENV: dict[str, set[str]] = {}
 
 #: CLI subcommands the compose file runs before the CLI has them.
-PENDING_CLI: set[str] = {"status"}
+PENDING_CLI: set[str] = set()
 
 
 def load_yaml_docs(path: Path) -> list[dict]:
