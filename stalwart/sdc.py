@@ -8,6 +8,11 @@
   function of its arguments, so the trainer holding the slot and the coordinator
   agree without a message.
 - :func:`flip_bit`: the test-only corruption the trainer's fault hook injects.
+- :data:`DETECTIONS`: ``stalwart_sdc_detections_total{kind}``, counted where the
+  corruption is caught (kind: abft, duplicate_compute, replica_fingerprint).
+
+torch is imported inside the functions that need it: the coordinator uses the
+sampling and the counter and should not pay torch's import time.
 """
 
 from __future__ import annotations
@@ -15,10 +20,20 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import torch
+import google_crc32c
+from prometheus_client import Counter
 
-from stalwart.codec import crc32c
+DETECTIONS = Counter(
+    "stalwart_sdc_detections_total",
+    "Silent data corruption caught, by what caught it (abft, duplicate_compute, "
+    "replica_fingerprint); nothing caught is ever applied.",
+    ["kind"],
+)
+
+if TYPE_CHECKING:
+    import torch
 
 # Sampling resolution: rates are compared against a 53-bit uniform value.
 _UNIT = float(1 << 53)
@@ -26,12 +41,14 @@ _UNIT = float(1 << 53)
 
 def gradient_crc32c(grads: Mapping[str, torch.Tensor]) -> int:
     """CRC32C over every tensor's name, shape, dtype and bytes, in name order."""
+    import torch
+
     crc = 0
     for name in sorted(grads):
         t = grads[name].detach().to("cpu").contiguous()
         header = f"{name}|{tuple(t.shape)}|{t.dtype}|".encode()
         data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        crc = crc32c(struct.pack("<I", crc) + header + data)
+        crc = google_crc32c.value(struct.pack("<I", crc) + header + data)
     return crc
 
 
@@ -53,6 +70,8 @@ def flip_bit(grads: Mapping[str, torch.Tensor], bit: int = 22) -> str:
     but stays finite, so only a comparison (not the non-finite check) can see it.
     Returns the tensor's name.
     """
+    import torch
+
     name = sorted(grads)[0]
     flat = grads[name].view(-1)
     if flat.dtype != torch.float32:

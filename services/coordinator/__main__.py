@@ -17,8 +17,10 @@ from services.coordinator import metrics
 from services.coordinator.checkpoints import Checkpoints
 from services.coordinator.control import Control
 from services.coordinator.election import Election
+from services.coordinator.healthwatch import HealthWatch
 from services.coordinator.leader import LeaderState, holder_string
 from services.coordinator.paramwatch import ParamWatch, ReplicaLinks
+from services.coordinator.sdcguard import SdcGuard
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.statestore import StateStore
@@ -59,6 +61,19 @@ async def run(settings: CoordinatorSettings) -> None:
     watch = ParamWatch(control, links, settings.paramserver_unreachable_polls)
     checkpoints = Checkpoints(control, links.stub, watch.group, settings)
     control.checkpoints = checkpoints
+    health_watch = None
+    if settings.health:
+        health_watch = HealthWatch(
+            control,
+            open_channel(settings.health, ChannelConfig.from_settings(settings), token),
+            settings.health_drain_risk,
+            settings.health_poll_seconds,
+        )
+    control.sdc = SdcGuard(
+        control,
+        settings.duplicate_check_timeout_seconds,
+        health_watch.raise_alert if health_watch is not None else None,
+    )
 
     holder = {"election": None}
     runner = ServiceRunner(
@@ -86,6 +101,8 @@ async def run(settings: CoordinatorSettings) -> None:
         asyncio.create_task(_every(settings.paramserver_poll_seconds, watch.round)),
         asyncio.create_task(_every(settings.tick_seconds, checkpoints.round)),
     ]
+    if health_watch is not None:
+        tasks.append(asyncio.create_task(health_watch.run()))
     try:
         await runner.wait()
     finally:

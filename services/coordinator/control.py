@@ -69,6 +69,7 @@ class Control:
         self.lost_groups: set[int] = set()  # every replica gone; a restore is pending
         self.restore_generation = 0  # bumped when a restore rewinds versions
         self.checkpoints = None  # checkpoints.Checkpoints, set by the service's main
+        self.sdc = None  # sdcguard.SdcGuard, set by the service's main
         self.events = EventLog()
         self.epoch = 0  # epoch this replica leads under; 0 while it does not
         self._dirty_jobs: set[str] = set()
@@ -229,6 +230,22 @@ class Control:
                 self._dirty_nodes.add(node_id)
                 metrics.drain_started(node_id)  # a recovery's start: node_drained
                 log.info("draining", node=node_id, reason=reason)
+                self._reconcile(time.time())
+                await self._flush()
+            return node
+
+    async def quarantine(self, node_id: str, reason: str) -> NodeRecord:
+        """Corrupt numbers came from this node: it gets no more work (its slot moves to
+        a standby) and stays QUARANTINED, heartbeats and re-registration included."""
+        async with self.lock:
+            self.require_leader()
+            node = self._node(node_id)
+            if node.leased and node.state is not NodeState.QUARANTINED:
+                node.state = NodeState.QUARANTINED
+                self._dirty_nodes.add(node_id)
+                self.events.add(EV.EVENT_KIND_NODE_QUARANTINED,
+                                f"node {node_id} quarantined: {reason}", node_id=node_id)  # fmt: skip
+                log.warning("quarantined", node=node_id, reason=reason)
                 self._reconcile(time.time())
                 await self._flush()
             return node

@@ -33,8 +33,9 @@ class Role(enum.Enum):
     AGENT = "agent"
 
 
-# States whose lease is still watched (a draining node can still die).
-LEASED = (NodeState.ALIVE, NodeState.DRAINING, NodeState.DRAINED)
+# States whose lease is still watched (a draining node can still die). A quarantined
+# node keeps heartbeating (it is told it has no work) rather than being forgotten.
+LEASED = (NodeState.ALIVE, NodeState.DRAINING, NodeState.DRAINED, NodeState.QUARANTINED)
 
 
 class UnknownNode(Exception):
@@ -73,8 +74,11 @@ class Membership:
         self.nodes: dict[str, NodeRecord] = {}
 
     def register(self, record: NodeRecord, now: float) -> NodeRecord:
-        """Add or replace a node (a restarted node comes back fresh and ALIVE)."""
-        record.state = NodeState.ALIVE
+        """Add or replace a node (a restarted node comes back fresh and ALIVE, unless it
+        was quarantined: corruption is a property of the machine, not the process)."""
+        old = self.nodes.get(record.node_id)
+        quarantined = old is not None and old.state is NodeState.QUARANTINED
+        record.state = NodeState.QUARANTINED if quarantined else NodeState.ALIVE
         record.lease_expires = now + self.lease_s
         record.registered_at = now
         self.nodes[record.node_id] = record

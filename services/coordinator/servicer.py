@@ -100,11 +100,13 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
             else None
         )
         d = await self.control.heartbeat(request.node_id, request.epoch, request.step, step_time)
+        sdc = self.control.sdc
         return coordinator.HeartbeatResponse(
             directive=coordinator.DIRECTIVE_DRAIN if d.draining else coordinator.DIRECTIVE_CONTINUE,
             assignment=self._assignment(d),
             epoch=self.control.epoch,
             lease_expire_time=timestamp(d.node.lease_expires),
+            gradient_checks=sdc.checks_for(request.node_id) if sdc is not None else [],
         )
 
     def _assignment(self, d: Directions) -> coordinator.Assignment | None:
@@ -130,6 +132,24 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         return coordinator.GetShardMapResponse(
             shard_map=common.ShardMap(num_shards=num_shards), groups=groups
         )
+
+    # --- silent data corruption (services/coordinator/sdcguard.py) ---------------------
+
+    @rpc_handler
+    async def ReportGradient(self, request, context):
+        sdc = self._sdc()
+        verdict = await sdc.report_gradient(request)
+        return coordinator.ReportGradientResponse(verdict=verdict, epoch=self.control.epoch)
+
+    @rpc_handler
+    async def ReportCorruption(self, request, context):
+        state = await self._sdc().report_corruption(request)
+        return coordinator.ReportCorruptionResponse(suspect_state=state)
+
+    def _sdc(self):
+        if self.control.sdc is None:
+            raise StalwartError(ErrorKind.FAILED_PRECONDITION, "corruption defences are off")
+        return self.control.sdc
 
     @rpc_handler
     async def ListNodes(self, request, context):

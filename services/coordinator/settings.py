@@ -81,6 +81,20 @@ class CoordinatorSettings(ServiceSettings):
     checkpoint_timeout_seconds: float = Field(default=120.0, gt=0)
     """Longest one checkpoint (every shard's snapshot and upload) or restore may take."""
 
+    health: str = ""
+    """host:port of the health service: watch its alerts (drain nodes expected to fail),
+    read node risks for placement, send it corruption alerts. Empty: none."""
+
+    health_drain_risk: float = Field(default=0.8, gt=0, le=1)
+    """A trainer whose health risk reaches this is drained (its slot moves to a standby)."""
+
+    health_poll_seconds: float = Field(default=1.0, gt=0)
+    """How often node risks are read from the health service."""
+
+    duplicate_check_timeout_seconds: float = Field(default=10.0, gt=0)
+    """A trainer asked to recompute a sampled batch that has not answered by then is
+    replaced by another; with nobody left the batch is pushed unverified."""
+
     @property
     def checkpoint_store_url(self) -> str:
         return self.checkpoint_url or self.store_url

@@ -11,7 +11,9 @@ import sys
 
 import torch
 
+from services.trainer.dupcheck import DupCheck
 from services.trainer.faults import Faults
+from services.trainer.healthlink import HealthLink
 from services.trainer.servicer import TrainerServicer
 from services.trainer.settings import TrainerSettings
 from services.trainer.sources import CoordinatorSource, FileSource
@@ -65,9 +67,34 @@ def make_source(settings: TrainerSettings, worker: Worker, address: str, telemet
         settings.node_token.get_secret_value() or None,
         channel_config=ChannelConfig.from_settings(settings),
     )
-    return CoordinatorSource(
+    source = CoordinatorSource(
         worker, client, address, settings.node_id, settings.standby, telemetry.sample
     )
+    _guard_data(worker, source, client)
+    return source
+
+
+def _guard_data(worker: Worker, source: CoordinatorSource, client: CoordinatorClient) -> None:
+    """Silent-data-corruption defences that need the coordinator: duplicate compute
+    (gate and verifier) and reports of what ABFT caught on this node."""
+    node_id = lambda: source.session.node_id  # noqa: E731 - known once registered
+    dup = DupCheck(client, node_id, worker)
+    worker.gate = dup.confirm
+    source.on_checks = dup.on_checks
+    loop = asyncio.get_running_loop()
+
+    def report(kind: str, job_id: str, step: int, message: str) -> None:  # executor thread
+        coro = client.report_corruption(node_id(), node_id(), kind, job_id, step, message)
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(_quietly(coro)))
+
+    worker.on_corruption = report
+
+
+async def _quietly(coro) -> None:
+    try:
+        await coro
+    except Exception as exc:  # advisory: the step is recomputed whatever happens here
+        log.get_logger(__name__).warning("corruption report failed", error=str(exc))
 
 
 async def run(settings: TrainerSettings) -> None:
@@ -97,19 +124,41 @@ async def run(settings: TrainerSettings) -> None:
     )
     await runner.start()
     telemetry = Telemetry(device, worker.stats)
+    real_sample = telemetry.sample
+    # test-only telemetry faults (heat_from_step) overlay the real readings
+    telemetry.sample = lambda: {**real_sample(), **worker.faults.telemetry(worker.stats.step)}
+    health_link = _health_link(settings, telemetry, worker)
     loop_task = servicer.loop_task = asyncio.create_task(worker.run())
     loop_task.add_done_callback(lambda _task: runner.request_stop())
     source = make_source(settings, worker, settings.advertise_address or runner.address, telemetry)
     log.get_logger(__name__).info("trainer started", device=device, standby=settings.standby)
     try:
         await source.start()
+        if health_link is not None:
+            health_link.start()
         await runner.wait()
     finally:
+        if health_link is not None:
+            await health_link.stop()
         await source.stop()
         if not loop_task.done():
             loop_task.cancel()
     if loop_task.done() and not loop_task.cancelled() and loop_task.exception() is not None:
         raise loop_task.exception()
+
+
+def _health_link(settings: TrainerSettings, telemetry: Telemetry, worker: Worker):
+    if not settings.health:
+        return None
+    config = ChannelConfig.from_settings(settings)
+    token = settings.node_token.get_secret_value() or None
+    return HealthLink(
+        lambda: open_channel(settings.health, config, token),
+        lambda: settings.node_id,
+        telemetry.sample,
+        lambda: worker.stats.step,
+        settings.health_interval_seconds,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

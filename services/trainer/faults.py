@@ -10,6 +10,12 @@ Set ``--faults`` or ``STALWART_FAULTS`` to comma-separated ``name=value`` pairs:
 - ``hang_at_step=N``: stop making progress at step N while still heartbeating
   (a gray failure; the process stays alive until killed).
 - ``delay_s=X``: sleep X seconds before every computed step (a slow node).
+- ``flip_bit_at_step=N``: flip one bit (a float32's top mantissa bit: finite, off by
+  up to half) in the gradient of step N after computing it, as silent data
+  corruption would; only duplicate computation can tell.
+- ``heat_from_step=N``: from step N on, the reported ``gpu_temperature_celsius``
+  climbs 5 C per step from 70 C (65 C before N): a node the health service
+  should see failing and the coordinator drain before a scripted crash.
 
 Only steps computed for a slot count; a standby never fires. Each fault fires
 once; the log says so, so tests can check a fault actually fired.
@@ -20,11 +26,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stalwart import log
 
-_KNOWN = {"crash_at_step", "crash_after_push", "hang_at_step", "delay_s"}
+_KNOWN = {
+    "crash_at_step",
+    "crash_after_push",
+    "hang_at_step",
+    "delay_s",
+    "flip_bit_at_step",
+    "heat_from_step",
+}
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,10 @@ class Faults:
     crash_after_push: int | None = None
     hang_at_step: int | None = None
     delay_s: float = 0.0
+    flip_bit_at_step: int | None = None
+    heat_from_step: int | None = None
+    # faults that do not end the process remember firing, so a recomputed step is clean
+    fired: set = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -60,6 +77,25 @@ class Faults:
             )
             while True:  # until killed; the heartbeat task keeps running
                 time.sleep(3600)
+
+    def corrupt(self, step: int, grads) -> None:
+        """Called with the gradient of ``step`` computed (before any check of it)."""
+        if step == self.flip_bit_at_step and "flip_bit_at_step" not in self.fired:
+            self.fired.add("flip_bit_at_step")
+            from stalwart import sdc  # torch-side helper, only when the fault is on
+
+            name = sdc.flip_bit(grads)
+            log.get_logger("stalwart.faults").warning(
+                "fault fired", fault="flip_bit_at_step", step=step, tensor=name
+            )
+
+    def telemetry(self, last_step: int) -> dict[str, float]:
+        """Readings that replace the real ones (empty when no telemetry fault is on)."""
+        if self.heat_from_step is None:
+            return {}
+        if last_step < self.heat_from_step:
+            return {"gpu_temperature_celsius": 65.0}
+        return {"gpu_temperature_celsius": 70.0 + 5.0 * (last_step - self.heat_from_step)}
 
     def after_push(self, step: int) -> None:
         if step == self.crash_after_push:

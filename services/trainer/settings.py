@@ -32,8 +32,14 @@ class TrainerSettings(ServiceSettings):
 
     faults: str = ""
     """TEST ONLY, empty (off) by default: fault injection keyed by step, e.g.
-    "crash_at_step=7", "crash_after_push=7", "hang_at_step=7", "delay_s=0.5"
-    (see services/trainer/faults.py)."""
+    "crash_at_step=7", "crash_after_push=7", "hang_at_step=7", "delay_s=0.5",
+    "flip_bit_at_step=7", "heat_from_step=7" (see services/trainer/faults.py)."""
+
+    health: str = ""
+    """host:port of the health service to stream telemetry to; empty: none."""
+
+    health_interval_seconds: float = Field(default=0.2, gt=0)
+    """How often a telemetry sample goes to the health service."""
 
     advertise_address: str = ""
     """host:port the coordinator lists for this trainer (RegisterNode); default: the bound

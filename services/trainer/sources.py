@@ -63,11 +63,15 @@ class CoordinatorSource:
             telemetry=telemetry,
         )
         worker.on_step = self._on_step
+        # GradientChecks in heartbeat answers go here (services/trainer/dupcheck.py)
+        self.on_checks: Callable[[list], None] | None = None
 
     def _on_step(self, step: int) -> None:
         self.session.step = step
 
     def _on_update(self, response: coordinator.HeartbeatResponse) -> None:
+        if response.gradient_checks and self.on_checks is not None:
+            self.on_checks(list(response.gradient_checks))
         if response.directive == coordinator.DIRECTIVE_STOP:
             logger.info("coordinator says stop")
             self.worker.request_stop()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -23,7 +23,7 @@ import torch
 
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
-from stalwart import training
+from stalwart import abft, sdc, training
 from stalwart.api import coordinator
 from stalwart.client.paramserver import ParamServerClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
@@ -32,6 +32,9 @@ from stalwart.models import Task, resolve
 logger = structlog.get_logger(__name__)
 
 ClientFactory = Callable[[coordinator.GetShardMapResponse], ParamServerClient]
+# (job id, step, slot, grads) -> push it? Set when the coordinator samples duplicate compute.
+Gate = Callable[[str, int, int, dict], Awaitable[bool]]
+ABFT_RETRIES = 2  # recomputations after an ABFT mismatch before the step fails
 PUSH_CHECK_S = 0.2  # how often a pending push looks for a moved shard map
 RETRY_PAUSE_S = 0.2  # between attempts after an error that needs no backoff of its own
 
@@ -76,6 +79,10 @@ class Worker:
         self.finished_jobs: set[str] = set()
         self.on_step: Callable[[int], None] | None = None
         self.on_finished: Callable[[str], None] | None = None
+        self.gate: Gate | None = None  # duplicate-compute verdicts (services/trainer/dupcheck.py)
+        # (kind, job id, step, message) from the executor thread: report corruption caught here
+        self.on_corruption: Callable[[str, str, int, str], None] | None = None
+        self.abft_stats = abft.AbftStats()
 
     # --- control ------------------------------------------------------------------
 
@@ -165,6 +172,8 @@ class Worker:
         spec = assignment.spec
         task = resolve(spec)
         model = task.build_model(spec.seed).to(self.device)
+        if spec.abft:  # checksums only read the layers' values: gradients stay bitwise equal
+            self.abft_stats, _ = abft.protect(model)
         # One throwaway gradient (slot 0, step 0; nothing is pushed, the weights are
         # untouched) pays the first-step costs now: loading the dataset (digits-cnn
         # imports scikit-learn) and autograd's start-up took ~5 s on two busy cores,
@@ -240,6 +249,9 @@ class Worker:
         result = await asyncio.get_running_loop().run_in_executor(
             None, self._compute, job, slot, step
         )
+        if not await self._confirmed(job, step, slot, result.grads):
+            await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
+            return
         if not await self._push(job, step, slot, result.grads):
             return
         self.faults.after_push(step)
@@ -275,9 +287,31 @@ class Worker:
                 logger.warning("push abandoned: the shard groups moved", job=job.job_id, step=step)
                 return False
 
+    async def _confirmed(self, job: JobState, step: int, slot: int, grads) -> bool:
+        """Sampled batches wait for the duplicate-compute verdict before they are pushed."""
+        rate = job.spec.duplicate_compute_rate
+        if self.gate is None or not sdc.is_sampled(job.job_id, job.spec.seed, step, slot, rate):
+            return True
+        return await self.gate(job.job_id, step, slot, grads)
+
     def _compute(self, job: JobState, slot: int, step: int) -> training.StepResult:
         # runs in the executor: faults that sleep or hang block this thread only,
         # so heartbeats keep flowing (a gray failure, not a dead node)
-        result = training.compute_step(job.task, job.model, slot, step, job.spec)
+        result = self._compute_checked(job, slot, step)
+        self.faults.corrupt(step, result.grads)
         self.faults.before_push(step)
         return result
+
+    def _compute_checked(self, job: JobState, slot: int, step: int) -> training.StepResult:
+        """compute_step; an ABFT mismatch drops the result, is reported, and is recomputed."""
+        for attempt in range(ABFT_RETRIES + 1):
+            try:
+                return training.compute_step(job.task, job.model, slot, step, job.spec)
+            except abft.AbftError as err:
+                sdc.DETECTIONS.labels("abft").inc()
+                logger.error("ABFT mismatch: result dropped", step=step, attempt=attempt,
+                             error=err.message)  # fmt: skip
+                if self.on_corruption is not None:
+                    self.on_corruption("abft", job.job_id, step, err.message)
+                if attempt == ABFT_RETRIES:
+                    raise

@@ -223,6 +223,27 @@ class CoordinatorClient:
         )
         return (await self._call("DrainNode", request)).node
 
+    async def report_gradient(
+        self, node_id: str, job_id: str, step: int, slot: int, crc: int, duplicate: bool = False
+    ) -> int:
+        """Report a slot batch's gradient fingerprint; returns a GRADIENT_VERDICT_* value."""
+        request = coordinator.ReportGradientRequest(
+            node_id=node_id, epoch=self.epoch, job_id=job_id, step=step, slot=slot,
+            gradient_crc32c=crc, duplicate=duplicate,
+        )  # fmt: skip
+        return (await self._call("ReportGradient", request)).verdict
+
+    async def report_corruption(
+        self, node_id: str, suspect: str, kind: str, job_id: str = "", step: int = 0,
+        message: str = "",
+    ) -> int:  # fmt: skip
+        """Report corrupt numbers caught on a node; returns the suspect's NODE_STATE_* value."""
+        request = coordinator.ReportCorruptionRequest(
+            node_id=node_id, suspect_node_id=suspect, kind=kind, job_id=job_id, step=step,
+            message=message,
+        )  # fmt: skip
+        return (await self._call("ReportCorruption", request)).suspect_state
+
     async def get_shard_map(self, job_id: str) -> coordinator.GetShardMapResponse:
         """A job's shard groups: primary, backups and epoch of each."""
         return await self._call("GetShardMap", coordinator.GetShardMapRequest(job_id=job_id))

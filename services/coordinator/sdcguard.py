@@ -1,0 +1,125 @@
+"""Silent-data-corruption defences the coordinator carries out (decisions in gradchecks.py).
+
+- ReportGradient: sampled duplicate computation. The slot holder reports its
+  gradient's CRC32C before pushing and polls for a verdict; other trainers of the
+  job (standbys first) are asked, through their heartbeat answers, to recompute
+  the batch. The majority decides; the outvoted node is quarantined.
+- ReportCorruption: a node reports what it caught itself (ABFT): quarantine.
+
+Every detection is counted (``stalwart_sdc_detections_total{kind}``), sent to the
+health service as a DATA_CORRUPTION alert when one is configured, and announced
+as EVENT_KIND_NODE_QUARANTINED; placement then moves the node's slot to a
+standby, which recomputes the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from services.coordinator import placement
+from services.coordinator.gradchecks import GradientChecks, Verdict
+from services.coordinator.membership import NodeState
+from stalwart import sdc
+from stalwart.api import coordinator
+from stalwart.errors import ErrorKind, StalwartError
+
+log = structlog.get_logger(__name__)
+
+VERDICTS = {
+    Verdict.WAIT: coordinator.GRADIENT_VERDICT_WAIT,
+    Verdict.PUSH: coordinator.GRADIENT_VERDICT_PUSH,
+    Verdict.DROP: coordinator.GRADIENT_VERDICT_DROP,
+}
+KINDS = {"abft", "duplicate_compute", "replica_fingerprint", "crc", "non_finite"}
+
+Alert = Callable[[str, str], Awaitable[None]]  # (node id, message)
+
+
+class SdcGuard:
+    def __init__(self, control, verifier_timeout_s: float, alert: Alert | None = None):
+        self.control = control
+        self.checks = GradientChecks(verifier_timeout_s)
+        self.alert = alert
+        self.unverified = 0
+
+    # --- duplicate compute ------------------------------------------------------------
+
+    async def report_gradient(self, r: coordinator.ReportGradientRequest) -> int:
+        c = self.control
+        job = c.job(r.job_id)  # NOT_LEADER / UNKNOWN_JOB
+        if r.node_id not in c.members.nodes:
+            raise StalwartError(ErrorKind.UNKNOWN_NODE, f"node {r.node_id!r} is not registered")
+        key = (r.job_id, r.step, r.slot)
+        if r.duplicate:
+            await self._quarantine(self.checks.duplicate_report(key, r.node_id, r.gradient_crc32c),
+                                   key)  # fmt: skip
+            return coordinator.GRADIENT_VERDICT_WAIT
+        if c.members.nodes[r.node_id].state is NodeState.QUARANTINED:
+            return coordinator.GRADIENT_VERDICT_DROP  # nothing from it is applied any more
+        out = self.checks.holder_report(
+            key, r.node_id, r.gradient_crc32c, self._candidates(job, r.node_id), time.monotonic()
+        )
+        if out.unverified:
+            self.unverified += 1
+        if out.restarted:
+            log.warning("duplicate compute disagrees with no majority possible; recomputing",
+                        job=r.job_id, step=r.step, slot=r.slot)  # fmt: skip
+        await self._quarantine(out.quarantine, key)
+        return VERDICTS[out.verdict]
+
+    def checks_for(self, node_id: str) -> list[coordinator.GradientCheck]:
+        return [
+            coordinator.GradientCheck(job_id=j, step=s, slot=k)
+            for j, s, k in self.checks.asked_of(node_id)
+        ]
+
+    def _candidates(self, job, reporter: str) -> list[str]:
+        """Trainers holding the job's weights, warm standbys first, best ranked first."""
+        nodes = self.control.members.nodes
+
+        def usable(n: str) -> bool:
+            node = nodes.get(n)
+            return node is not None and node.state is NodeState.ALIVE and n != reporter
+
+        standbys = sorted((nodes[n] for n in job.standbys if usable(n)), key=placement.rank_key)
+        holders = sorted(
+            (nodes[s.node_id] for s in job.slots if s.node_id and usable(s.node_id)),
+            key=placement.rank_key,
+        )
+        return [n.node_id for n in standbys + holders]
+
+    # --- reports from nodes -------------------------------------------------------------
+
+    async def report_corruption(self, r: coordinator.ReportCorruptionRequest) -> int:
+        self.control.require_leader()
+        if r.kind not in KINDS:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"kind must be one of {sorted(KINDS)}")
+        suspect = r.suspect_node_id or r.node_id
+        if suspect not in self.control.members.nodes:
+            raise StalwartError(ErrorKind.NOT_FOUND, f"no node {suspect!r}")
+        why = f"{r.kind} reported by {r.node_id} at step {r.step}: {r.message}"
+        await self.quarantine(suspect, r.kind, why)
+        return coordinator.NODE_STATE_QUARANTINED
+
+    async def _quarantine(self, nodes, key) -> None:
+        for node in nodes:
+            job_id, step, slot = key
+            why = f"gradient of {job_id} step {step} slot {slot} outvoted by duplicate compute"
+            await self.quarantine(node, "duplicate_compute", why)
+
+    async def quarantine(self, node_id: str, kind: str, why: str) -> None:
+        """Count, quarantine (the slot moves to a standby) and alert."""
+        sdc.DETECTIONS.labels(kind).inc()
+        log.error("corruption detected: quarantining", node=node_id, kind=kind, why=why)
+        await self.control.quarantine(node_id, why)
+        if self.alert is not None:
+            asyncio.ensure_future(self._alert_quietly(node_id, why))
+
+    async def _alert_quietly(self, node_id: str, why: str) -> None:
+        with contextlib.suppress(Exception):  # advisory: the quarantine already happened
+            await self.alert(node_id, why)

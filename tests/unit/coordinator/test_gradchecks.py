@@ -1,0 +1,66 @@
+"""Duplicate-compute decisions: agreement, majority, outvoted holders, timeouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.coordinator.gradchecks import GradientChecks, Verdict
+
+pytestmark = pytest.mark.timeout(30)
+KEY = ("job", 5, 1)
+
+
+def test_agreeing_fingerprints_confirm_the_push():
+    g = GradientChecks()
+    assert g.holder_report(KEY, "a", 111, ["s", "b"], 0.0).verdict is Verdict.WAIT
+    assert g.asked_of("s") == [KEY] and g.asked_of("b") == []
+    assert g.duplicate_report(KEY, "s", 111) == ()
+    out = g.holder_report(KEY, "a", 111, ["s", "b"], 0.1)
+    assert (out.verdict, out.quarantine) == (Verdict.PUSH, ())
+
+
+def test_a_flipped_holder_is_outvoted_by_two_others_and_its_successor_is_held_to_them():
+    g = GradientChecks()
+    g.holder_report(KEY, "a", 999, ["s", "b"], 0.0)
+    assert g.duplicate_report(KEY, "s", 111) == ()  # 999 vs 111: undecided
+    out = g.holder_report(KEY, "a", 999, ["s", "b"], 0.1)
+    assert out.verdict is Verdict.WAIT and g.asked_of("b") == [KEY]  # a third is asked
+    assert g.duplicate_report(KEY, "b", 111) == ("a",)  # majority 111: a is the suspect
+    assert g.holder_report(KEY, "a", 999, ["s", "b"], 0.2).verdict is Verdict.DROP
+    # the standby that takes the slot computes it again and matches the majority
+    assert g.holder_report(KEY, "s", 111, ["b"], 0.3).verdict is Verdict.PUSH
+
+
+def test_an_outvoted_verifier_is_the_suspect_and_the_holder_pushes():
+    g = GradientChecks()
+    g.holder_report(KEY, "a", 111, ["s", "b"], 0.0)
+    g.duplicate_report(KEY, "s", 222)
+    g.holder_report(KEY, "a", 111, ["s", "b"], 0.1)
+    assert g.duplicate_report(KEY, "b", 111) == ("s",)
+    out = g.holder_report(KEY, "a", 111, ["s", "b"], 0.2)
+    assert out.verdict is Verdict.PUSH and out.quarantine == ()  # reported once, above
+
+
+def test_nobody_to_compare_with_pushes_unverified():
+    out = GradientChecks().holder_report(KEY, "a", 111, [], 0.0)
+    assert out.verdict is Verdict.PUSH and out.unverified
+
+
+def test_two_disagreeing_nodes_and_no_third_start_over_without_pushing():
+    g = GradientChecks()
+    g.holder_report(KEY, "a", 999, ["s"], 0.0)
+    g.duplicate_report(KEY, "s", 111)
+    out = g.holder_report(KEY, "a", 999, ["s"], 0.1)
+    assert out.verdict is Verdict.DROP and out.restarted and out.quarantine == ()
+    assert g.checks == {}
+
+
+def test_a_verifier_that_never_answers_is_replaced_then_given_up():
+    g = GradientChecks(verifier_timeout_s=1.0)
+    g.holder_report(KEY, "a", 111, ["s", "b"], 0.0)
+    assert g.holder_report(KEY, "a", 111, ["s", "b"], 0.5).verdict is Verdict.WAIT
+    g.holder_report(KEY, "a", 111, ["s", "b"], 1.6)  # s timed out: b is asked
+    assert g.asked_of("s") == [] and g.asked_of("b") == [KEY]
+    assert g.duplicate_report(KEY, "s", 111) == ()  # too late: ignored
+    out = g.holder_report(KEY, "a", 111, ["s", "b"], 3.0)  # b timed out too
+    assert out.verdict is Verdict.PUSH and out.unverified
