@@ -18,6 +18,8 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
+from stalwart.errors import ErrorKind
+
 GRPC_SERVER_STARTED = Counter(
     "grpc_server_started_total",
     "RPCs started on the server.",
@@ -39,6 +41,10 @@ RPC_ERRORS = Counter(
     "RPCs answered with an error, by ErrorInfo reason (a closed set: the ErrorKind table).",
     ["reason"],
 )
+# Every reason from the start: the series exist at 0 before the first error, so a
+# dashboard's rate() has a baseline and a scrape shows what can be counted.
+for _kind in ErrorKind:
+    RPC_ERRORS.labels(_kind.reason)
 
 
 def start_metrics_server(port: int, host: str = "127.0.0.1") -> tuple[Any, int]:
