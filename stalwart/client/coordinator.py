@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -33,6 +34,8 @@ from stalwart.channel import ChannelConfig, open_channel
 from stalwart.errors import ErrorKind, RpcError
 
 log = structlog.get_logger(__name__)
+
+RECONNECT_BACKOFF_S = 1.0
 
 # Errors after which the same call may go to another replica.
 _FOLLOW = {ErrorKind.NOT_LEADER, ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE_EXCEEDED}
@@ -66,7 +69,14 @@ class CoordinatorClient:
         """``addresses``: the replicas, as a list or "host:port,host:port"; ``token``: bearer token."""
         self.addresses = _split(addresses)
         self.token = token
-        self.channel_config = channel_config
+        # Replicas come back at the same address (a restarted pod, a stand-in on the
+        # same port). With gRPC's default reconnect backoff (growing to 120 s) a
+        # channel to a replica that was down hides the new one for that long, and a
+        # leader elected there finds every node silent and declares them all dead.
+        config = channel_config or ChannelConfig()
+        if config.max_reconnect_backoff_s is None:
+            config = dataclasses.replace(config, max_reconnect_backoff_s=RECONNECT_BACKOFF_S)
+        self.channel_config = config
         self.call_timeout_s = call_timeout_s
         self.retry_for_s = retry_for_s
         self.leader: str = self.addresses[0]

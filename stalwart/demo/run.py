@@ -73,9 +73,13 @@ async def pick_target(
 ) -> str:
     """The member to kill, as the cluster reports it right now."""
     if kind == "trainer":
-        job = await client.get_job(job_id)
-        held = [s for s in job.slots if s.node_id]
-        return (held[1] if len(held) > 1 else held[0]).node_id
+        for _ in range(150):  # 30 s: a slot may be between holders right now
+            job = await client.get_job(job_id)
+            held = [s for s in job.slots if s.node_id]
+            if held:
+                return (held[1] if len(held) > 1 else held[0]).node_id
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"no trainer holds a slot of {job_id}")
     if kind == "paramserver":
         shard_map = await client.get_shard_map(job_id)
         return local.by_address(shard_map.groups[0].primary_address).name
