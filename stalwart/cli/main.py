@@ -8,8 +8,9 @@ import sys
 import typer
 
 from stalwart import __version__
-from stalwart.cli import admin, bench, ckpt, demo, jobs, ps
+from stalwart.cli import admin, bench, ckpt, demo, jobs, ps, top
 from stalwart.cli import cluster as cluster_cli
+from stalwart.cli.output import cli_errors
 
 app = typer.Typer(
     help="Stalwart: self-healing distributed PyTorch training.",
@@ -24,6 +25,7 @@ app.command("jobs")(jobs.jobs)
 admin.register(app)
 cluster_cli.register(app)
 app.command()(demo.demo)
+app.command("top")(cli_errors(top.top))
 
 # Services run as their own processes: the CLI starts them with exec, it never
 # imports their code (the library stays independent of services/).

@@ -1,0 +1,78 @@
+"""``stalwart top --once`` against a live coordinator: one frame with the leader, every
+registered node, the job and the recent events; ``-o json`` the same as data."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stalwart.api import common
+from stalwart.client import CoordinatorClient
+from tests.backends import shm_url  # noqa: F401
+from tests.integration.coordinator.support import job_spec, wait_leader
+from tests.integration.test_dashboard_metrics import Cluster
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cluster(run_dir: Path, shm_url: str) -> Iterator[Cluster]:  # noqa: F811
+    c = Cluster(run_dir / "top", shm_url)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def top(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stalwart.cli.main", "top", "--once", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+async def registered(address: str, node_ids: set[str]) -> None:
+    async with CoordinatorClient(address) as client:
+        deadline = time.monotonic() + 60
+        while {n.node_id for n in await client.all_nodes()} != node_ids:
+            assert time.monotonic() < deadline, "trainers did not register"
+            await asyncio.sleep(0.2)
+        await client.create_job(job_spec(num_slots=1, steps=5), job_id="top-job")
+
+
+def test_top_once_shows_the_cluster(cluster):
+    coord = cluster.start("services.coordinator", "c1", "--store-url", cluster.store_url,
+                          "--store-prefix", cluster.prefix)  # fmt: skip
+    asyncio.run(wait_leader(coord.address))
+    join = ("--coordinator", coord.address)
+    cluster.start("services.trainer", "top-tr0", *join)
+    cluster.start("services.trainer", "top-sb", *join, "--standby")
+    asyncio.run(registered(coord.address, {"top-tr0", "top-sb"}))
+
+    shown = top("--coordinator", coord.address)
+    assert shown.returncode == 0, shown.stderr
+    frame = shown.stdout
+    for expected in ("leader c1 at", "epoch 1", "top-tr0", "top-sb", "top-job", "trainer",
+                     "recent events", "registered"):  # fmt: skip
+        assert expected in frame, f"{expected!r} missing from:\n{frame}"
+
+    data = json.loads(top("--coordinator", coord.address, "-o", "json").stdout)
+    assert data["status"]["is_leader"] and data["status"]["leader_id"] == "c1"
+    assert {n["node_id"] for n in data["nodes"]} == {"top-tr0", "top-sb"}
+    assert [j["job_id"] for j in data["jobs"]] == ["top-job"]
+    assert data["risks"] is None  # no --health given
+    kinds = {e["kind"] for e in data["events"]}
+    assert common.EventKind.Name(common.EVENT_KIND_NODE_REGISTERED) in kinds
+
+
+def test_top_without_a_cluster_says_so_in_one_line(tmp_path):
+    shown = top("--run-dir", str(tmp_path / "none"))
+    assert shown.returncode == 3  # ExitCode.UNREACHABLE
+    assert shown.stderr.startswith("Error: ") and shown.stderr.count("\n") == 1, shown.stderr
