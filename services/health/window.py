@@ -59,10 +59,11 @@ class NodeWindow:
         return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
 
     def recent_median(self, name: str, last: int) -> float | None:
-        """Median of the latest ``last`` distinct steps' readings of ``name``."""
+        """Median of the latest ``last`` distinct steps' readings of ``name``; None until
+        there are that many (a first step pays start-up costs, one reading is noise)."""
         by_step: dict[int, float] = {}
         for s in self.samples:
             if name in s.metrics:
                 by_step[s.step] = s.metrics[name]
         values = [by_step[k] for k in sorted(by_step)[-last:]]
-        return statistics.median(values) if values else None
+        return statistics.median(values) if len(values) >= last else None

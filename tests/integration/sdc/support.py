@@ -20,12 +20,18 @@ async def start_cluster(procs, faults: dict[str, str], health: bool = False):
     await wait_leader(coord.address)
     join = ("--coordinator", coord.address)
     backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
-    primary = procs.start(
-        "services.paramserver", "ps-p", "--role", "primary", "--backups", backup.address, *join
-    )
-    for name, standby in (("tr0", False), ("tr1", False), ("sb", True)):
+
+    def trainer(name: str, standby: bool):
         flags = [*join, *(("--standby",) if standby else ()), *extra]
-        procs.trainer(name, *flags, faults=faults.get(name, ""))
+        return procs.trainer(name, *flags, faults=faults.get(name, ""))
+
+    # Start-up (imports) takes seconds per process on two shared cores: in parallel.
+    primary, *_ = await asyncio.gather(
+        asyncio.to_thread(procs.start, "services.paramserver", "ps-p", "--role", "primary",
+                          "--backups", backup.address, *join),
+        *(asyncio.to_thread(trainer, n, sb) for n, sb in (("tr0", False), ("tr1", False),
+                                                          ("sb", True))),
+    )  # fmt: skip
     async with CoordinatorClient(coord.address) as client:
 
         async def trainers_registered():

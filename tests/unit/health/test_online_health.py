@@ -77,6 +77,14 @@ def test_straggler_risk_grows_with_the_ratio_to_peers(ratio, want):
     assert (found[0].risk if found else None) == (pytest.approx(want) if want else None)
 
 
+def test_straggler_needs_enough_steps_on_both_sides():
+    me = window(*[(i, i, {"step_time_seconds": 1.0}) for i in range(4)])
+    peer = window(*[(i, i, {"step_time_seconds": 0.1}) for i in range(5)])
+    assert rules.straggler(me, [peer], CFG) == []  # 4 steps: not judged yet
+    me.add(Sample(4, 4, {"step_time_seconds": 1.0}))
+    assert rules.straggler(me, [peer], CFG)[0].risk == 1.0
+
+
 def test_counter_increase_survives_a_reset():
     w = window((0, 0, {"c_total": 5}), (1, 1, {"c_total": 7}), (2, 2, {"c_total": 1}))
     assert w.increase("c_total") == 3  # +2, then a restart counted from 0: +1
