@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 from stalwart.api import coordinator
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.errors import RpcError
-from stalwart.procs import ServiceProcess, start_service
+from stalwart.procs import ServiceProcess, ServiceStartError, start_service
 
 STATE_FILE = "cluster.json"
 LATEST = "latest"
@@ -165,8 +165,19 @@ class LocalCluster:
         new = f"{name}.{n}"
         if dead.role == "coordinator":
             spec = _coordinator_spec(new, self.store_url)
-            spec = _Spec(new, spec.role, (*spec.args, "--port", dead.address.rsplit(":", 1)[1]))
-        elif dead.role == "paramserver":
+            same_port = _Spec(
+                new, spec.role, (*spec.args, "--port", dead.address.rsplit(":", 1)[1])
+            )
+            try:
+                member = self._start(same_port)
+            except ServiceStartError:
+                # The port can be taken meanwhile (loopback clients get ephemeral
+                # ports from the same range). A new address still works: nodes
+                # follow the leader's address hints from the replicas they know.
+                member = self._start(spec)
+            self.save()
+            return member
+        if dead.role == "paramserver":
             spec = _paramserver_spec(new, dead.shard, [], self.coordinator_addresses, True)
         else:
             spec = _trainer_spec(new, self.coordinator_addresses, True, self.config)

@@ -43,8 +43,8 @@ async def _recovered(fault, recorder, timeout_s: float) -> timeline.Recovery:
         await asyncio.sleep(0.2)
 
 
-async def _trials(local, client, job_id, recorder, trials: int, between: int) -> list:
-    out = []
+async def _trials(local, client, job_id, recorder, trials: int, between: int, out: list) -> None:
+    """Append a Recovery per kill to ``out`` (kept if a later round fails)."""
     for _ in range(trials):
         for kind in KINDS:
             await recorder.wait_step(recorder.step + between, 60)  # steady state again
@@ -53,7 +53,6 @@ async def _trials(local, client, job_id, recorder, trials: int, between: int) ->
             out.append(await _recovered(fault, recorder, 30))
             await asyncio.to_thread(local.replace, fault.target)
             await cluster.wait_healthy(local, 120)
-    return out
 
 
 async def _measure(local, trials: int, between: int) -> dict:
@@ -63,7 +62,12 @@ async def _measure(local, trials: int, between: int) -> dict:
         recorder = EventRecorder(client, job.job_id)
         watch = asyncio.create_task(recorder.run())
         try:
-            recs = await _trials(local, client, job.job_id, recorder, trials, between)
+            recs: list[timeline.Recovery] = []
+            aborted = ""
+            try:
+                await _trials(local, client, job.job_id, recorder, trials, between, recs)
+            except (cluster.ClusterError, TimeoutError) as exc:
+                aborted = str(exc).splitlines()[0]  # report the rounds that ran
             await client.cancel_job(job.job_id, "benchmark over")
             await asyncio.sleep(1.0)  # let the last step in flight land
             ps = await param_client(client, job.job_id, spec)
@@ -76,7 +80,7 @@ async def _measure(local, trials: int, between: int) -> dict:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
     return {"spec": spec, "recoveries": recs, "version": version, "weights": weights,
-            "events": list(recorder.events), "job_id": job.job_id}  # fmt: skip
+            "events": list(recorder.events), "job_id": job.job_id, "aborted": aborted}  # fmt: skip
 
 
 def run(trials: int = 3, between: int = 20, runs_root: Path = cluster.DEFAULT_RUNS_ROOT) -> dict:
@@ -114,6 +118,7 @@ def run(trials: int = 3, between: int = 20, runs_root: Path = cluster.DEFAULT_RU
         "tensors_differing": differ,
         "goal_lost_or_repeated": 0,
         "run_dir": str(local.run_dir),
+        "aborted": m["aborted"],
         "trials": [r.to_dict(local.started_at) for r in m["recoveries"]],
     }
 
