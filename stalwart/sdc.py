@@ -18,7 +18,6 @@ sampling and the counter and should not pay torch's import time.
 from __future__ import annotations
 
 import hashlib
-import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -47,8 +46,9 @@ def gradient_crc32c(grads: Mapping[str, torch.Tensor]) -> int:
     for name in sorted(grads):
         t = grads[name].detach().to("cpu").contiguous()
         header = f"{name}|{tuple(t.shape)}|{t.dtype}|".encode()
+        # one copy (the C extension reads bytes only), extended in place: no concatenation
         data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        crc = google_crc32c.value(struct.pack("<I", crc) + header + data)
+        crc = google_crc32c.extend(google_crc32c.extend(crc, header), data)
     return crc
 
 

@@ -113,3 +113,20 @@ def bench_recovery(
         | {k: result[k] for k in ("steps", "lost_steps", "repeated_steps",
                                   "bitwise_equal_to_reference", "run_dir")},
     )  # fmt: skip
+
+
+@app.command("sdc")
+def bench_sdc(
+    steps: int = typer.Option(10, min=1, help="steps per timed round"),
+    rounds: int = typer.Option(12, min=1, help="interleaved rounds of each mode"),
+    dup_every: int = typer.Option(10, min=1, help="N of 1-in-N duplicate compute"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Trainer step throughput on mlp with ABFT checks and with 1-in-N duplicate
+    compute, against neither, in the same run."""
+    from stalwart.bench import sdc  # torch import is slow: only when asked
+
+    result = sdc.main(steps, rounds, dup_every)
+    if output is Output.json:
+        return emit_json(result)
+    emit_mapping("silent-data-corruption defences (same run)", result)
