@@ -142,7 +142,7 @@ def test_stalwart_error_reaches_client_with_reason(echo: ServiceProcess) -> None
     _scrape_until(
         echo,
         'grpc_code="FAILED_PRECONDITION",grpc_method="StopTrainer"',
-        'stalwart_rpc_errors_total{reason="FENCED"}',
+        'stalwart_rpc_errors_total{reason="FENCED"} 1.0',  # every reason starts at 0
     )
     # The error line carries the RPC from the log-context interceptor.
     lines = [json.loads(line) for line in echo.log_path.read_text().splitlines() if "{" in line]
