@@ -131,9 +131,14 @@ class LocalCluster:
         raise ClusterError(f"no member named {name!r} in {self.run_dir}")
 
     def by_address(self, address: str) -> Member:
-        for m in self.members:
-            if m.address == address:
+        """The member serving at ``address``: a stand-in reuses a dead member's address,
+        so the newest live one wins (the dead one only if none is alive)."""
+        matches = [m for m in reversed(self.members) if m.address == address]
+        for m in matches:
+            if self.alive(m.name):
                 return m
+        if matches:
+            return matches[0]
         raise ClusterError(f"no member at {address} in {self.run_dir}")
 
     # --- faults and repairs --------------------------------------------------------

@@ -110,7 +110,7 @@ def bench_recovery(
         "recovery: kill -9 to the next committed step",
         {kind: f"median {v['median_s']} s, max {v['max_s']} s over {v['recovered']}/{v['trials']}"
                f" (goal <= {v['goal_s']} s)" for kind, v in result["kill_to_next_commit"].items()}
-        | {k: result[k] for k in ("steps", "lost_steps", "repeated_steps",
+        | {k: result[k] for k in ("steps", "lost_or_repeated_steps",
                                   "bitwise_equal_to_reference", "run_dir")},
     )  # fmt: skip
 

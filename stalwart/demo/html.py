@@ -94,8 +94,9 @@ def page(report: dict) -> str:
 <tr><th>final held-out accuracy</th><td class="{acc_cls}">{final['accuracy']:.2%}
  ({final['test_examples']} images; goal ≥ {final['accuracy_goal']:.0%}), loss {final['loss']:.4f}</td></tr>
 <tr><th>bitwise equal to a fault-free run</th><td>{verdict}</td></tr>
-<tr><th>steps</th><td>{steps['committed']}/{job['steps']} committed, lost {len(steps['missing'])},
- repeated {len(steps['repeated'])}, final version {steps['final_version']}</td></tr>
+<tr><th>steps</th><td>final version {steps['final_version']}/{job['steps']};
+ STEP_COMMITTED announced for {steps['committed']} ({len(steps['missing'])} not announced,
+ {len(steps['repeated'])} twice; announcements are at most once, a leader change can skip some)</td></tr>
 <tr><th>time</th><td>cluster start {t['cluster_start_s']:.1f} s, training {t['training_s']:.1f} s,
  reference {t['reference_s']:.1f} s, total {t['total_s']:.1f} s</td></tr>
 </table>"""  # fmt: skip

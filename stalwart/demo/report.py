@@ -94,8 +94,7 @@ def build(*, config, spec, local, t0, started, result, reference, reference_s, f
     report["ok"] = bool(
         report["job"]["state"] == "SUCCEEDED"
         and equal is not False
-        and not audit.missing
-        and not audit.repeated
+        and result.final_version == spec.steps
         and all(f["recovery_s"] is not None for f in report["faults"])
     )
     return report
@@ -146,12 +145,15 @@ def render(report: dict, console: Console | None = None) -> None:
             _s(f["recovery_s"]),
         )  # fmt: skip
     console.print(table)
-    lost = len(steps["missing"])
-    repeated = len(steps["repeated"])
     acc_ok = "ok" if final["accuracy"] >= final["accuracy_goal"] else "BELOW GOAL"
+    if ref["computed"]:
+        lost = "0 (the weights equal the reference)" if ref["bitwise_equal"] else "SOME"
+    else:
+        lost = "not checked (no reference run)"
     console.print(
-        f"steps committed: {steps['committed']}/{job['steps']} (lost {lost}, repeated {repeated}), "
-        f"final version {steps['final_version']}"
+        f"final version {steps['final_version']}/{job['steps']}; lost or repeated steps: {lost}; "
+        f"STEP_COMMITTED announced for {steps['committed']} steps "
+        f"({len(steps['missing'])} not announced, {len(steps['repeated'])} twice)"
     )
     console.print(
         f"final held-out accuracy: [bold]{final['accuracy']:.2%}[/bold] on "

@@ -156,7 +156,11 @@ def _seq(e: Ev) -> int:
 
 @dataclass
 class StepAudit:
-    """Each step 1..steps committed exactly once, per the STEP_COMMITTED events."""
+    """Which of steps 1..steps were announced (STEP_COMMITTED) never, or more than once.
+
+    Announcements are at most once per step: a leader killed after storing the job
+    but before its events leaves a gap. Lost or doubled updates show in the weights
+    (the bitwise check), not here."""
 
     committed: int = 0
     missing: list[int] = field(default_factory=list)

@@ -22,7 +22,9 @@ def _finished_ok(outcome, spec) -> None:
     assert outcome.version == spec.steps
     committed = [e.step for e in outcome.events
                  if e.kind == "STEP_COMMITTED" and e.job_id == outcome.job.job_id]  # fmt: skip
-    assert sorted(set(committed)) == list(range(1, spec.steps + 1))
+    # announcements are at most once per step (a leader killed between storing the
+    # job and its events skips some); the weights say whether any step was lost
+    assert set(committed) <= set(range(1, spec.steps + 1))
     assert len(committed) == len(set(committed)), "a step was announced twice"
 
 
