@@ -53,8 +53,10 @@ async def test_degrading_trainer_is_drained_before_its_scripted_death(cluster_pr
         stub = health_grpc.HealthMonitorServiceStub(channel)
         alerts = (await stub.ListAlerts(health.ListAlertsRequest(node_id="tr1"), timeout=5)).alerts
         risk = (await stub.GetNodeRisk(health.GetNodeRiskRequest(node_id="tr1"), timeout=5)).risk
-    assert any(a.kind == health.ALERT_KIND_PREDICTED_FAILURE and a.drain for a in alerts)
-    assert risk.top_signals[0] == "gpu_temperature_celsius"
+    first = [a for a in alerts if a.drain][-1]  # newest first: the last is the first raised
+    assert first.kind == health.ALERT_KIND_PREDICTED_FAILURE and "GPU at" in first.message
+    assert first.risk >= 0.8 and risk.risk >= 0.8
+    assert "gpu_temperature_celsius" in risk.top_signals
 
     version, got = await final_weights([primary.address, backup.address], job.job_id, spec)
     assert version == spec.steps
