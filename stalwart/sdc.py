@@ -8,8 +8,9 @@
   function of its arguments, so the trainer holding the slot and the coordinator
   agree without a message.
 - :func:`flip_bit`: the test-only corruption the trainer's fault hook injects.
-- :data:`DETECTIONS`: ``stalwart_sdc_detections_total{kind}``, counted where the
-  corruption is caught (kind: abft, duplicate_compute, replica_fingerprint).
+- :data:`DETECTIONS`: ``stalwart_sdc_detections_total{source}``, counted where the
+  corruption is caught; :data:`SOURCES` are the detectors, the same words the
+  ReportCorruption RPC takes as ``kind``.
 
 torch is imported inside the functions that need it: the coordinator uses the
 sampling and the counter and should not pay torch's import time.
@@ -24,12 +25,14 @@ from typing import TYPE_CHECKING
 import google_crc32c
 from prometheus_client import Counter
 
+SOURCES = ("crc", "abft", "fingerprint", "duplicate_compute", "nonfinite")
 DETECTIONS = Counter(
     "stalwart_sdc_detections_total",
-    "Silent data corruption caught, by what caught it (abft, duplicate_compute, "
-    "replica_fingerprint); nothing caught is ever applied.",
-    ["kind"],
+    "Silent data corruption caught, by what caught it; nothing caught is ever applied.",
+    ["source"],
 )
+for _source in SOURCES:  # every series from the first scrape
+    DETECTIONS.labels(_source)
 
 if TYPE_CHECKING:
     import torch

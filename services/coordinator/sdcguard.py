@@ -6,7 +6,7 @@
   the batch. The majority decides; the outvoted node is quarantined.
 - ReportCorruption: a node reports what it caught itself (ABFT): quarantine.
 
-Every detection is counted (``stalwart_sdc_detections_total{kind}``), sent to the
+Every detection is counted (``stalwart_sdc_detections_total{source}``), sent to the
 health service as a DATA_CORRUPTION alert when one is configured, and announced
 as EVENT_KIND_NODE_QUARANTINED; placement then moves the node's slot to a
 standby, which recomputes the batch.
@@ -35,7 +35,7 @@ VERDICTS = {
     Verdict.PUSH: coordinator.GRADIENT_VERDICT_PUSH,
     Verdict.DROP: coordinator.GRADIENT_VERDICT_DROP,
 }
-KINDS = {"abft", "duplicate_compute", "replica_fingerprint", "crc", "non_finite"}
+KINDS = set(sdc.SOURCES)
 
 Alert = Callable[[str, str], Awaitable[None]]  # (node id, message)
 

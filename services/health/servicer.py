@@ -13,7 +13,7 @@ import time
 
 import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services.health.alerts import AlertLog
 from services.health.fleet import Assessment, Fleet
@@ -26,6 +26,12 @@ log = structlog.get_logger(__name__)
 
 SAMPLES = Counter("stalwart_health_samples_total", "Telemetry samples received.", ["result"])
 ALERTS = Counter("stalwart_health_alerts_total", "Alerts raised.", ["kind"])
+# One series per node: bounded by cluster membership, like every per-node view.
+RISK = Gauge("stalwart_health_risk_score", "Predicted failure risk in [0, 1].", ["node"])
+ANOMALY = Gauge(
+    "stalwart_health_anomaly_score", "Anomaly score of the latest telemetry window.", ["node"]
+)
+DRAIN_REQUESTS = Counter("stalwart_health_drain_requests_total", "Alerts that ask for a drain.")
 
 KINDS = {
     "anomaly": health.ALERT_KIND_ANOMALY,
@@ -90,6 +96,10 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
     def ingest(self, sample, now: float) -> None:
         SAMPLES.labels("accepted").inc()
         _, drafts = self.fleet.observe(sample.node_id, now, sample.step, dict(sample.metrics))
+        assessed = self.fleet.assessments.get(sample.node_id)
+        if assessed is not None:
+            RISK.labels(sample.node_id).set(assessed.risk)
+            ANOMALY.labels(sample.node_id).set(assessed.anomaly)
         for d in drafts:
             self._publish(KINDS[d.kind], d.node_id, d.risk, d.message, d.drain, now)
         if self.fleet.ready_to_fit and not self._fitting:
@@ -107,6 +117,8 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
         alert = health.Alert(alert_id=self.alerts.next_id(), kind=kind, node_id=node_id,
                              risk=risk, time=_ts(now), message=message, drain=drain)  # fmt: skip
         ALERTS.labels(KIND_NAMES[kind]).inc()
+        if drain:
+            DRAIN_REQUESTS.inc()
         log.warning("alert", kind=KIND_NAMES[kind], node=node_id, risk=round(risk, 3),
                     drain=drain, message=message)  # fmt: skip
         self.alerts.publish(alert)
