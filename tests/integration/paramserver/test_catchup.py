@@ -32,7 +32,7 @@ from tests.integration.paramserver.support import (
     stubs,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(420)
 
 JOB = "catchup"
 STEPS = 9
@@ -65,7 +65,11 @@ async def test_backup_restarted_on_its_port_catches_up(launcher) -> None:
         }  # fmt: skip
     )
     groups = {k: (primaries[f"p-{k}"], backups[f"b-{k}"]) for k in ("strict", "lax")}
-    clients = {k: group_client([p.address, b.address]) for k, (p, b) in groups.items()}
+    # retries must outlast a backup restart on a loaded machine (seconds to a minute)
+    clients = {
+        k: group_client([p.address, b.address], retry_for_s=180.0)
+        for k, (p, b) in groups.items()
+    }
     async with stubs() as stub_for:
         try:
             for kind, (p, b) in groups.items():
@@ -120,7 +124,7 @@ async def test_backup_restarted_on_its_port_catches_up(launcher) -> None:
             )
             groups = {k: (p, restarted[f"b-{k}-restarted"]) for k, (p, _) in groups.items()}
 
-            done = await asyncio.wait_for(strict, 60)
+            done = await asyncio.wait_for(strict, 180)
             # step 3 had been applied on the primary before it was refused: the
             # retry is acknowledged as a duplicate, not applied again
             assert [r.version for r in done] == [v + 1 for v in range(DOWN_FROM, UP_FROM)]
