@@ -69,6 +69,8 @@ METHOD_ROLES: Mapping[str, Role] = {
     _C + "VerifyCheckpoint": Role.ADMIN,
     _C + "RestoreCheckpoint": Role.ADMIN,
     _C + "DeleteCheckpoint": Role.ADMIN,
+    _C + "ReportGradient": Role.NODE,
+    _C + "ReportCorruption": Role.NODE,
     # Parameter server
     _P + "RegisterModel": Role.NODE,
     _P + "Push": Role.NODE,
@@ -81,6 +83,9 @@ METHOD_ROLES: Mapping[str, Role] = {
     _P + "ReplicatePush": Role.NODE,
     _P + "ReplicateCommit": Role.NODE,
     _P + "InstallState": Role.NODE,
+    # the coordinator drives checkpoints, as it drives promotion
+    _P + "SaveCheckpoint": Role.ADMIN,
+    _P + "LoadCheckpoint": Role.ADMIN,
     # Trainer
     _T + "GetTrainerStatus": Role.VIEWER,
     _T + "StopTrainer": Role.ADMIN,
@@ -90,6 +95,7 @@ METHOD_ROLES: Mapping[str, Role] = {
     _H + "ListNodeRisks": Role.VIEWER,
     _H + "ListAlerts": Role.VIEWER,
     _H + "WatchAlerts": Role.VIEWER,
+    _H + "RaiseAlert": Role.NODE,
 }
 
 # Probes and tooling must work without a token (kubelet, grpcurl, load balancers).

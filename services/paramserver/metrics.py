@@ -16,6 +16,16 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
+# Imported for their series: checkpoint chunk counters (stalwart.checkpoint) and
+# corruption detections (stalwart.sdc) show on every replica from the first
+# scrape, backups included, not only once a checkpoint or a detection happened.
+from stalwart import checkpoint as _checkpoint_series  # noqa: F401
+from stalwart import sdc
+from stalwart.errors import ErrorKind, StalwartError
+
+# Refused pushes that are corruption caught in flight: counted as detections too.
+_CORRUPTION = {ErrorKind.CHECKSUM_MISMATCH: "crc", ErrorKind.NON_FINITE: "nonfinite"}
+
 if TYPE_CHECKING:
     from services.paramserver.servicer import ParamServer
 
@@ -121,8 +131,10 @@ def counted_push(handler: Callable) -> Callable:
     async def wrapper(self, request_iterator, context):
         try:
             response = await handler(self, request_iterator, context)
-        except Exception:
+        except Exception as exc:
             PUSHES.labels("rejected").inc()
+            if isinstance(exc, StalwartError) and exc.kind in _CORRUPTION:
+                sdc.DETECTIONS.labels(_CORRUPTION[exc.kind]).inc()
             raise
         PUSHES.labels("duplicate" if response.duplicate else "applied").inc()
         return response
