@@ -9,6 +9,7 @@ import sys
 import torch
 
 from services.paramserver import metrics, optim
+from services.paramserver.faults import Faults
 from services.paramserver.registration import Registration
 from services.paramserver.replica import ReplicaState, Role
 from services.paramserver.replicator import Replicator
@@ -54,6 +55,7 @@ def build(settings: ParamServerSettings) -> ParamServer:
         limits=limits,
         chunk_bytes=settings.chunk_bytes,
         sync_wait_s=settings.sync_wait_seconds,
+        faults=Faults.parse(settings.faults),
     )
 
 
@@ -111,6 +113,13 @@ def _warm_up() -> None:
 def main(argv: list[str] | None = None) -> None:
     settings = settings_or_exit(ParamServerSettings, argv)
     log.configure_logging(settings.log_level, "paramserver", settings.node_id)
+    try:
+        faults = Faults.parse(settings.faults)
+    except ValueError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if faults.active:
+        log.get_logger(__name__).warning("TEST FAULT INJECTION IS ON", faults=settings.faults)
     torch.set_num_threads(settings.torch_threads)
     _warm_up()
     try:

@@ -301,6 +301,7 @@ async def install(ps: ParamServer, model: JobModel) -> JobRuntime:
                     StalwartError(ErrorKind.TOO_STALE, "state restored from a checkpoint; pull")
                 )
         job.step_done.clear()
+        await job.settle_fingerprints()
         job.committed.notify_all()
         for address in list(ps.replica.backups):
             ps.replicator.drop(address, model.job_id, "restored from a checkpoint")

@@ -10,6 +10,7 @@ import structlog
 
 from services.paramserver import metrics
 from services.paramserver.consistency import Verdict
+from services.paramserver.faults import Faults
 from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
 from services.paramserver.replica import Check, ReplicaState, Role
 from services.paramserver.replicator import Fenced, Replicator
@@ -41,6 +42,8 @@ class JobRuntime:
     committed: asyncio.Condition = field(init=False)
     step_done: dict[int, asyncio.Future] = field(default_factory=dict)
     pull_cache: tuple | None = None  # (version, names, chunk size, header, chunks)
+    # GetFingerprint(at_version) callers, answered when a commit reaches that version
+    fingerprint_at: dict[int, asyncio.Future] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.committed = asyncio.Condition(self.lock)
@@ -52,6 +55,30 @@ class JobRuntime:
             # the committing push may be the only one that ever looks at it
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         return fut
+
+    def fingerprint_mark(self, version: int) -> asyncio.Future:
+        fut = self.fingerprint_at.get(version)
+        if fut is None:
+            fut = self.fingerprint_at[version] = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return fut
+
+    async def settle_fingerprints(self) -> None:
+        """Answer the marks this version reaches or passes (caller holds the lock).
+
+        Taken here, inside the commit's critical section, each replica
+        fingerprints exactly the same version whatever the timing of the calls.
+        """
+        version = self.model.version
+        for at in sorted(v for v in self.fingerprint_at if v <= version):
+            fut = self.fingerprint_at.pop(at)
+            if at == version:
+                prints = await _off_loop(self.model.fingerprints)
+                if not fut.done():
+                    fut.set_result(prints)
+            elif not fut.done():
+                passed = f"version {at} was never held here (went to {version})"
+                fut.set_exception(StalwartError(ErrorKind.FAILED_PRECONDITION, passed))
 
 
 async def _off_loop(fn, *args):
@@ -103,6 +130,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         chunk_bytes: int,
         sync_wait_s: float,
         on_role_change=None,
+        faults: Faults | None = None,
     ):
         self.replica = replica
         self.replicator = replicator
@@ -113,6 +141,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.sync_wait_s = sync_wait_s
         self.jobs: dict[str, JobRuntime] = {}
         self.on_role_change = on_role_change or (lambda role: None)
+        self.faults = faults or Faults()
 
     # --- shared checks -----------------------------------------------------------
 
@@ -308,6 +337,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             return_exceptions=True,
         )
         if not isinstance(local, BaseException):
+            await self.applied(job)
             job.committed.notify_all()
         failure = local if isinstance(local, BaseException) else replicated
         if isinstance(failure, BaseException):
@@ -317,6 +347,11 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         waiter.set_result(local)
         job.step_done.pop(step, None)
         return local
+
+    async def applied(self, job: JobRuntime) -> None:
+        """After the job's state changed (caller holds its lock)."""
+        self.faults.after_apply(job.model)
+        await job.settle_fingerprints()
 
     # --- pull ------------------------------------------------------------------
 
@@ -373,14 +408,34 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     @rpc_handler
     async def GetFingerprint(self, request, context):
         job = self._job(request.job_id)
+        at = request.at_version
+        if at < 0:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, "at_version must be >= 0")
         async with job.lock:
-            prints = await _off_loop(job.model.fingerprints)
-            return paramserver.GetFingerprintResponse(
-                version=job.model.version,
-                epoch=self.replica.epoch,
-                combined=combined_fingerprint(prints),
-                tensors=prints,
-            )
+            version = job.model.version
+            if at and version > at:
+                raise StalwartError(
+                    ErrorKind.FAILED_PRECONDITION, f"already at version {version}, past {at}"
+                )
+            if not at or version == at:
+                prints = await _off_loop(job.model.fingerprints)
+            else:
+                mark = job.fingerprint_mark(at)
+        if at and version < at:
+            timeout = context.time_remaining() or self.sync_wait_s
+            try:
+                prints = await asyncio.wait_for(asyncio.shield(mark), timeout)
+            except TimeoutError:
+                raise StalwartError(
+                    ErrorKind.DEADLINE_EXCEEDED, f"version {at} not reached in time"
+                ) from None
+            version = at
+        return paramserver.GetFingerprintResponse(
+            version=version,
+            epoch=self.replica.epoch,
+            combined=combined_fingerprint(prints),
+            tensors=prints,
+        )
 
     @rpc_handler
     async def GetReplicaStatus(self, request, context):
@@ -491,6 +546,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     f"backup at version {job.model.version} lacks what version {request.new_version} needs",
                 )
             version = await _off_loop(job.model.apply, entries)
+            await self.applied(job)
             job.committed.notify_all()
         return paramserver.ReplicateCommitResponse(version=version)
 
@@ -502,9 +558,13 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         tensors = assembler.finish()
         model = await _off_loop(JobModel.from_install, header, tensors)
         previous = self.jobs.get(model.job_id)
+        runtime = JobRuntime(model)
         if previous is not None:  # pushes forwarded meanwhile are still good: CRCs check them
             model.pending.update(previous.model.pending)
-        self.jobs[model.job_id] = JobRuntime(model)
+            runtime.fingerprint_at = previous.fingerprint_at
+        self.jobs[model.job_id] = runtime
+        async with runtime.lock:
+            await runtime.settle_fingerprints()
         log.info("state installed", job=model.job_id, version=model.version)
         return paramserver.InstallStateResponse(version=model.version)
 

@@ -47,5 +47,9 @@ class ParamServerSettings(ServiceSettings):
     (registered with the coordinator); default: the bound address, which is no use to
     others when the bind host is 0.0.0.0."""
 
+    faults: str = ""
+    """Test-only fault injection, e.g. "flip_state_at_version=7" (see
+    services/paramserver/faults.py). Never set it outside tests."""
+
     def backup_list(self) -> list[str]:
         return [b.strip() for b in self.backups.split(",") if b.strip()]

@@ -28,15 +28,15 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from stalwart import log
+from stalwart import faultspec, log
 
 _KNOWN = {
-    "crash_at_step",
-    "crash_after_push",
-    "hang_at_step",
-    "delay_s",
-    "flip_bit_at_step",
-    "heat_from_step",
+    "crash_at_step": int,
+    "crash_after_push": int,
+    "hang_at_step": int,
+    "delay_s": float,
+    "flip_bit_at_step": int,
+    "heat_from_step": int,
 }
 
 
@@ -53,13 +53,7 @@ class Faults:
 
     @classmethod
     def parse(cls, text: str) -> Faults:
-        values: dict[str, float | int] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            name, sep, raw = part.partition("=")
-            if not sep or name not in _KNOWN:
-                raise ValueError(f"bad fault {part!r}; known: {sorted(_KNOWN)}")
-            values[name] = float(raw) if name == "delay_s" else int(raw)
-        return cls(**values)
+        return cls(**faultspec.parse(text, _KNOWN))
 
     @property
     def active(self) -> bool:

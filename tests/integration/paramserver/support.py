@@ -187,10 +187,11 @@ async def status(stub: Stub) -> paramserver.GetReplicaStatusResponse:
     return await call(stub.GetReplicaStatus(paramserver.GetReplicaStatusRequest(), timeout=5))
 
 
-async def fingerprint(stub: Stub, job_id: str) -> paramserver.GetFingerprintResponse:
-    return await call(
-        stub.GetFingerprint(paramserver.GetFingerprintRequest(job_id=job_id), timeout=TIMEOUT_S)
-    )
+async def fingerprint(
+    stub: Stub, job_id: str, at_version: int = 0
+) -> paramserver.GetFingerprintResponse:
+    request = paramserver.GetFingerprintRequest(job_id=job_id, at_version=at_version)
+    return await call(stub.GetFingerprint(request, timeout=TIMEOUT_S))
 
 
 async def promote(stub: Stub, epoch: int, backups: Sequence[str] = ()):
