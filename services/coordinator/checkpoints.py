@@ -10,6 +10,12 @@ Then retention keeps the newest ``keep_checkpoints`` (and the chunks and patch
 bases they name) and every ``durable_every``-th checkpoint is copied to the
 durable ``file://`` tier.
 
+Checking: while the primaries snapshot, every live replica of each group is
+asked for its fingerprint at exactly the checkpoint's version, and
+``replicacheck.judge`` votes. A checkpoint is published only when its
+primary's copy is trusted; outvoted replicas are quarantined, and a group with
+no majority sends the job back to its newest checkpoint (see replicacheck.py).
+
 Restoring (on command, or when every replica of a shard group was lost and
 new ones registered): pick the checkpoint (the newest that verifies; corrupt
 ones are skipped, logged and counted), promote one live replica per shard group
@@ -34,7 +40,7 @@ from collections.abc import Callable, Sequence
 import grpc
 import structlog
 
-from services.coordinator import ckptplan, jobs
+from services.coordinator import ckptplan, jobs, replicacheck
 from services.coordinator.control import EV, Control
 from services.coordinator.promotion import ReplicaView
 from services.coordinator.settings import CoordinatorSettings
@@ -226,11 +232,16 @@ class Checkpoints:
             async with self.c.lock:
                 job = self.c.job(job_id)
                 targets = self._primaries(job)
+                voters = {shard: self._voters(job_id, shard) for shard, _, _ in targets}
                 spec = job.spec
             newest = await self.list(job_id)
             parent = newest[0].checkpoint_id if newest else ""
             checkpoint_id = ckptplan.checkpoint_id(job_id, at)
             started = time.monotonic()
+            printing = asyncio.gather(*(
+                self._fingerprint(address, job_id, at)
+                for group in voters.values() for address in group.values()
+            ), return_exceptions=True)  # fmt: skip
             parts = await asyncio.gather(*(
                 self._call(address, "SaveCheckpoint", paramserver.SaveCheckpointRequest(
                     job_id=job_id, checkpoint_id=checkpoint_id, store_url=self.url,
@@ -238,6 +249,17 @@ class Checkpoints:
                 ), self.settings.checkpoint_timeout_seconds)
                 for _, address, epoch in targets
             ))  # fmt: skip
+            verdicts = self._judge(targets, voters, await printing, at)
+            await self._act_on(job_id, at, verdicts)
+            refused = [
+                f"shard {k}: replica fingerprints disagree ({replicacheck.describe(got)})"
+                for k, judged, got in verdicts
+                if not judged.publish
+            ]
+            if refused:
+                raise StalwartError(ErrorKind.DATA_LOSS,
+                                    f"checkpoint of {job_id} at version {at} not published: "
+                                    + "; ".join(refused))  # fmt: skip
             manifest = ckpt.build_manifest(
                 job_id=job_id, checkpoint_id=checkpoint_id, step=at,
                 tensors=[t for p in parts for t in p.tensors],
@@ -251,6 +273,64 @@ class Checkpoints:
             taken = await self._record_saved(manifest, seconds)
             await self._after_save(manifest, taken)
         return manifest
+
+    # --- replica fingerprints (decisions in replicacheck.py) --------------------------
+
+    def _voters(self, job_id: str, shard: int) -> dict[str, str]:
+        """node id -> address of the group's live replicas holding the job."""
+        return {
+            r.node_id: r.address
+            for r in self.group_of(shard)
+            if r.alive and r.role in ("primary", "backup") and job_id in r.versions
+        }
+
+    async def _fingerprint(self, address: str, job_id: str, at: int) -> int:
+        request = paramserver.GetFingerprintRequest(job_id=job_id, at_version=at)
+        answer = await self._call(address, "GetFingerprint", request,
+                                  self.settings.checkpoint_timeout_seconds)  # fmt: skip
+        return answer.combined
+
+    def _judge(self, targets, voters, answers, at: int):
+        """[(shard, Judgement, {node: fingerprint})]; replicas that could not answer do not vote."""
+        answers = iter(answers)
+        prints = {shard: {node: next(answers) for node in group} for shard, group in voters.items()}
+        out = []
+        for shard, _, _ in targets:
+            got = {n: crc for n, crc in prints[shard].items() if isinstance(crc, int)}
+            for node, failed in prints[shard].items():
+                if not isinstance(failed, int):
+                    log.info("replica did not fingerprint", node=node, version=at,
+                             error=str(failed))  # fmt: skip
+            primary_id = self.c.groups.get(shard, ("", 0))[0]
+            judged = replicacheck.judge(primary_id, got)
+            out.append((shard, judged, got))
+        return out
+
+    async def _act_on(self, job_id: str, at: int, verdicts) -> None:
+        """Quarantine the outvoted; with no majority, go back to the last agreed checkpoint."""
+        guard = self.c.sdc
+        for shard, judged, got in verdicts:
+            if judged.agree:
+                continue
+            why = (f"paramserver replicas of shard {shard} disagree on {job_id} at version "
+                   f"{at} ({replicacheck.describe(got)})")  # fmt: skip
+            for node in judged.quarantine:
+                await guard.quarantine(node, "fingerprint", why)
+            if judged.restore:
+                await guard.unattributed("fingerprint", why, job_id, at, sorted(got))
+                self._restore_later(job_id, f"{why}; no majority")
+
+    def _restore_later(self, job_id: str, why: str) -> None:
+        """Restore once the caller's save has let go of the job (restore takes its lock)."""
+
+        async def run() -> None:
+            try:
+                await self.restore(job_id, "", why)
+            except (StalwartError, RpcError) as exc:
+                log.error("no agreed checkpoint to go back to", job=job_id, error=str(exc))
+
+        if self._restoring is None or self._restoring.done():
+            self._restoring = asyncio.create_task(run())
 
     async def _record_saved(self, manifest: common.CheckpointManifest, seconds: float) -> int:
         c = self.c

@@ -125,9 +125,10 @@ class ParamWatch:
             view = c.views.get(node.node_id) or promotion.ReplicaView(
                 node.node_id, node.address, True
             )
-            alive = node.leased and node.state is not NodeState.DEAD
+            quarantined = node.state is NodeState.QUARANTINED
+            alive = node.leased and node.state is not NodeState.DEAD and not quarantined
             out.append(promotion.ReplicaView(view.node_id, node.address, alive, view.role, view.epoch,
-                                             view.versions, view.backups))  # fmt: skip
+                                             view.versions, view.backups, quarantined))  # fmt: skip
         return out
 
     def shards(self) -> list[int]:
@@ -179,6 +180,11 @@ class ParamWatch:
                 await self._promote(shard, decision)
             elif isinstance(decision, promotion.AddBackup):
                 await self._add_backup(decision)
+            elif isinstance(decision, promotion.DropBackups):
+                await self.links.configure(decision.primary_address, common.REPLICA_ROLE_PRIMARY,
+                                           decision.epoch, decision.backups)  # fmt: skip
+                log.warning("quarantined backups dropped", primary=decision.primary_address,
+                            backups=list(decision.backups))  # fmt: skip
             else:
                 await self._group_lost(shard, decision)
         except RpcError as exc:

@@ -26,6 +26,7 @@ class ReplicaView:
     epoch: int = 0
     versions: dict[str, int] = field(default_factory=dict)  # job id -> applied version
     backups: tuple[str, ...] = ()  # for a primary: addresses it replicates to
+    quarantined: bool = False  # alive is False too: out of the group for good
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,22 @@ class AddBackup:
 
 
 @dataclass(frozen=True)
+class DropBackups:
+    """Give the primary a backup list without the quarantined replicas."""
+
+    primary_address: str
+    epoch: int
+    backups: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class GroupLost:
     """The primary is dead and no live replica can take over."""
 
     reason: str
 
 
-Decision = Promote | AddBackup | GroupLost
+Decision = Promote | AddBackup | DropBackups | GroupLost
 
 
 def progress_key(replica: ReplicaView) -> tuple[int, int, str]:
@@ -96,9 +106,12 @@ def choose_promotion(group: Sequence[ReplicaView]) -> Promote | GroupLost:
     return Promote(best.node_id, best.address, epoch, backups)
 
 
-def _add_backups(group: Sequence[ReplicaView], primary: ReplicaView) -> list[AddBackup]:
-    current = list(primary.backups)
-    out = []
+def _add_backups(group: Sequence[ReplicaView], primary: ReplicaView) -> list[Decision]:
+    banned = {r.address for r in group if r.quarantined}
+    current = [a for a in primary.backups if a not in banned]
+    out: list[Decision] = []
+    if len(current) < len(primary.backups):
+        out.append(DropBackups(primary.address, primary.epoch, tuple(current)))
     for r in sorted(group, key=lambda r: r.node_id):
         if not r.alive or r.node_id == primary.node_id or r.address in current:
             continue

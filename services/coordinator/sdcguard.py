@@ -5,6 +5,10 @@
   job (standbys first) are asked, through their heartbeat answers, to recompute
   the batch. The majority decides; the outvoted node is quarantined.
 - ReportCorruption: a node reports what it caught itself (ABFT): quarantine.
+- Replica fingerprints at each checkpoint (checkpoints.py, replicacheck.py): an
+  outvoted paramserver replica is quarantined, which takes it out of its shard
+  group; a disagreement with no majority blames nobody and is only counted,
+  announced and alerted here.
 
 Every detection is counted (``stalwart_sdc_detections_total{source}``), sent to the
 health service as a DATA_CORRUPTION alert when one is configured, and announced
@@ -22,6 +26,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from services.coordinator import placement
+from services.coordinator.control import EV
 from services.coordinator.gradchecks import GradientChecks, Verdict
 from services.coordinator.membership import NodeState
 from stalwart import sdc
@@ -119,6 +124,20 @@ class SdcGuard:
         await self.control.quarantine(node_id, why)
         if self.alert is not None:
             asyncio.ensure_future(self._alert_quietly(node_id, why))
+
+    async def unattributed(
+        self, kind: str, why: str, job_id: str, step: int, suspects: list[str]
+    ) -> None:
+        """Corruption seen with nobody to blame: count, announce, alert about each suspect."""
+        sdc.DETECTIONS.labels(kind).inc()
+        log.error("corruption detected", kind=kind, why=why)
+        c = self.control
+        async with c.lock:
+            c.events.add(EV.EVENT_KIND_CORRUPTION_DETECTED, why, job_id=job_id, step=step)
+            await c._flush()
+        if self.alert is not None:
+            for node_id in suspects:
+                asyncio.ensure_future(self._alert_quietly(node_id, why))
 
     async def _alert_quietly(self, node_id: str, why: str) -> None:
         with contextlib.suppress(Exception):  # advisory: the quarantine already happened

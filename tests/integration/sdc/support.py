@@ -12,14 +12,27 @@ from tests.helpers import assert_eventually_async
 from tests.integration.coordinator.support import wait_leader
 
 
-async def start_cluster(procs, faults: dict[str, str], health: bool = False):
-    """Returns (coordinator process, health process or None, paramserver primary, backup)."""
+async def start_cluster(procs, faults: dict[str, str], health: bool = False, backups: int = 1):
+    """Returns (coordinator process, health process or None, paramserver primary, backup).
+
+    ``faults`` maps process names (tr0, tr1, sb, ps-p, ps-b, ps-b2, ...) to their
+    test-only faults. Backups after the first are named ps-b2, ps-b3, ...
+    """
     health_proc = procs.start("services.health", "health") if health else None
     extra = ("--health", health_proc.address) if health_proc else ()
     coord = procs.coordinator("c1", *extra)
     await wait_leader(coord.address)
     join = ("--coordinator", coord.address)
-    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+
+    def paramserver(name: str, *flags: str):
+        env = {"STALWART_FAULTS": faults[name]} if name in faults else None
+        return procs.start("services.paramserver", name, *flags, *join, env=env)
+
+    names = ["ps-b", *(f"ps-b{i}" for i in range(2, backups + 1))]
+    backup, *more = await asyncio.gather(
+        *(asyncio.to_thread(paramserver, n, "--role", "backup") for n in names)
+    )
+    replicas = ",".join(b.address for b in (backup, *more))
 
     def trainer(name: str, standby: bool):
         flags = [*join, *(("--standby",) if standby else ()), *extra]
@@ -27,8 +40,7 @@ async def start_cluster(procs, faults: dict[str, str], health: bool = False):
 
     # Start-up (imports) takes seconds per process on two shared cores: in parallel.
     primary, *_ = await asyncio.gather(
-        asyncio.to_thread(procs.start, "services.paramserver", "ps-p", "--role", "primary",
-                          "--backups", backup.address, *join),
+        asyncio.to_thread(paramserver, "ps-p", "--role", "primary", "--backups", replicas),
         *(asyncio.to_thread(trainer, n, sb) for n, sb in (("tr0", False), ("tr1", False),
                                                           ("sb", True))),
     )  # fmt: skip

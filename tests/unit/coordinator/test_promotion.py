@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.coordinator.promotion import AddBackup, GroupLost, Promote, ReplicaView, decide
+from services.coordinator.promotion import (
+    AddBackup,
+    DropBackups,
+    GroupLost,
+    Promote,
+    ReplicaView,
+    decide,
+)
 
 
 def r(node_id, role, *, alive=True, epoch=1, version=0, backups=()):
@@ -92,3 +99,32 @@ def test_a_fresh_backup_without_the_groups_jobs_is_never_promoted() -> None:
     ]
     (decision,) = decide(group, "old-p")
     assert isinstance(decision, GroupLost)
+
+
+def quarantined(node_id, role, **kw):
+    view = r(node_id, role, alive=False, **kw)
+    return ReplicaView(*[getattr(view, f) for f in ("node_id", "address", "alive", "role",
+                                                    "epoch", "versions", "backups")],
+                       quarantined=True)  # fmt: skip
+
+
+def test_a_quarantined_backup_is_dropped_and_a_spare_added_in_its_place() -> None:
+    group = [
+        r("p", "primary", backups=["b1:1", "b2:1"]),
+        r("b1", "backup"),
+        quarantined("b2", "backup"),
+        r("spare", "backup"),
+    ]
+    assert decide(group, "p") == [
+        DropBackups("p:1", 1, ("b1:1",)),
+        AddBackup("p:1", "spare:1", 1, ("b1:1", "spare:1")),
+    ]
+
+
+def test_a_quarantined_primary_is_replaced_like_a_dead_one() -> None:
+    group = [
+        quarantined("p", "primary", epoch=2, version=9, backups=["b1:1", "b2:1"]),
+        r("b1", "backup", epoch=2, version=9),
+        r("b2", "backup", epoch=2, version=9),
+    ]
+    assert decide(group, "p") == [Promote("b2", "b2:1", 3, ("b1:1",))]
