@@ -109,6 +109,58 @@ def sliding(x: np.ndarray, window: int) -> np.ndarray:
     return xp[idx].reshape(len(x), -1)
 
 
+# Smallest residual variance a metric is given (a standard deviation of 1e-3, the floor
+# ThresholdRule uses), so a metric that never moves in training cannot divide by zero.
+_VAR_FLOOR = 1e-6
+
+
+def _robust_scale(s: np.ndarray) -> tuple[float, float]:
+    """Median and interquartile range of scores, for putting detectors on one scale."""
+    q1, med, q3 = np.quantile(s, [0.25, 0.5, 0.75])
+    return float(med), float(max(q3 - q1, 1e-12))
+
+
+class Forecast(Detector):
+    """Linear autoregressive forecaster: each point is predicted from the ``window`` points
+    before it by ridge regression (one closed-form solve, no randomness).
+
+    A metric's squared forecast error is divided by its mean on the training series, so
+    every metric is measured in units of how predictable it was in training; the score is
+    the mean over metrics. A forecaster sees the onset of a change (a jump, a break in
+    how metrics move together) and then adapts to a new level, where a reconstruction
+    model keeps flagging a level it never saw."""
+
+    name = "forecast"
+
+    def __init__(self, window: int = 10, ridge: float = 1.0, **kw):
+        super().__init__(**kw)
+        self.window, self.ridge = window, ridge
+
+    def _lagged(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        w = sliding(np.asarray(x, dtype=np.float64), self.window + 1)
+        d = w.shape[1] // (self.window + 1)
+        return w[:, :-d], w[:, -d:]
+
+    def _fit(self, x):
+        past, now = self._lagged(x)
+        self.past_mean, self.now_mean = past.mean(axis=0), now.mean(axis=0)
+        pc = past - self.past_mean
+        gram = pc.T @ pc + self.ridge * np.eye(pc.shape[1])
+        self.coef = np.linalg.solve(gram, pc.T @ (now - self.now_mean))
+        self.scale = np.maximum(self._squared_errors(x).mean(axis=0), _VAR_FLOOR)
+
+    def _squared_errors(self, x: np.ndarray) -> np.ndarray:
+        past, now = self._lagged(x)
+        return (now - self.now_mean - (past - self.past_mean) @ self.coef) ** 2
+
+    def feature_errors(self, x: np.ndarray) -> np.ndarray:
+        """(n, d) squared forecast error per metric, in units of its training mean."""
+        return self._squared_errors(x) / self.scale
+
+    def score(self, x):
+        return self.feature_errors(x).mean(axis=1)
+
+
 class _AE(nn.Module):
     def __init__(self, n_in: int, hidden: int, code: int):
         super().__init__()
@@ -169,10 +221,57 @@ class Autoencoder(Detector):
         with torch.no_grad():
             return ((self.model(w) - w) ** 2).mean(dim=1).numpy().astype(np.float64)
 
+    def feature_errors(self, x: np.ndarray) -> np.ndarray:
+        """(n, d) squared reconstruction error per metric, averaged over the window."""
+        x = np.asarray(x, np.float32)
+        w = torch.from_numpy(sliding(x, self.window))
+        with torch.no_grad():
+            err = ((self.model(w) - w) ** 2).numpy().astype(np.float64)
+        return err.reshape(len(x), self.window, x.shape[1]).mean(axis=1)
+
+
+class ForecastAutoencoder(Detector):
+    """Forecasting and reconstruction together, as joint anomaly scores do in the
+    literature (e.g. MTAD-GAT, Zhao et al., ICDM 2020).
+
+    The forecaster flags the onset of a change; the windowed autoencoder keeps flagging a
+    state that does not look like training for as long as it lasts. Each part's
+    per-metric squared error is divided by its training mean (as in ``Forecast``), averaged
+    over metrics, then put on a common scale by the median and interquartile range of that
+    part's scores on the training series; the score is the mean of the two."""
+
+    name = "forecast_ae"
+
+    def __init__(self, window: int = 10, epochs: int = 15, **kw):
+        super().__init__(**kw)
+        self.window, self.epochs = window, epochs
+
+    def _fit(self, x):
+        self.forecast = Forecast(window=self.window, seed=self.seed)
+        self.forecast._fit(x)
+        self.ae = Autoencoder(window=self.window, epochs=self.epochs, seed=self.seed)
+        self.ae._fit(x)
+        self.ae_scale = np.maximum(self.ae.feature_errors(x).mean(axis=0), _VAR_FLOOR)
+        self.scales = [_robust_scale(s) for s in self._parts(x)]
+
+    def _parts(self, x) -> list[np.ndarray]:
+        return [
+            self.forecast.score(x),
+            (self.ae.feature_errors(x) / self.ae_scale).mean(axis=1),
+        ]
+
+    def score(self, x):
+        parts = self._parts(x)
+        return np.mean(
+            [(s - med) / iqr for s, (med, iqr) in zip(parts, self.scales, strict=True)], axis=0
+        )
+
 
 ALL = {
     "threshold_rule": ThresholdRule,
     "pca": PCAReconstruction,
     "isolation_forest": IForest,
     "autoencoder": Autoencoder,
+    "forecast": Forecast,
+    "forecast_ae": ForecastAutoencoder,
 }
