@@ -109,6 +109,7 @@ class Entity:
     failure_time: float = float("nan")  # NaN: did not fail while observed
     kind: str = ""  # failure mode or healthy variant (generator ground truth, for reports)
     warning: float = float("nan")  # how long before failure the precursor starts
+    visible_warning: float = float("nan")  # how long before failure it shows in the signals
 
 
 @dataclass

@@ -53,10 +53,15 @@ class TrainConfig:
     temperature: float = 2.0  # softens the teacher so its uncertainty carries over
     alpha: float = 0.5  # weight of the distillation term against cross-entropy
     seed: int = 0
+    # Weight failing windows up to the weight of all the others (None: the data set's
+    # setting in eval_prediction.SETTINGS, else True).
+    balanced: bool | None = None
 
 
-def _class_weights(y: np.ndarray) -> torch.Tensor:
-    # Failures are the minority; weight them so the loss does not ignore them.
+def _class_weights(y: np.ndarray, balanced: bool | None = True) -> torch.Tensor:
+    # Failures are the minority; balancing weights them so the loss does not ignore them.
+    if balanced is False:
+        return torch.ones(2)
     pos = max(int(y.sum()), 1)
     return torch.tensor([1.0, (len(y) - pos) / pos], dtype=torch.float32)
 
@@ -75,7 +80,7 @@ def _fit(
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     y = torch.from_numpy(w.y[idx])
-    weights = _class_weights(w.y[idx])
+    weights = _class_weights(w.y[idx], cfg.balanced)
     model.train()
     for _ in range(cfg.epochs):
         for part in torch.randperm(len(idx), generator=gen).split(cfg.batch):

@@ -13,9 +13,16 @@ Per module, every STEP_H hours over SPAN_H hours, channels are (see CHANNELS):
   fec_corrected, fec_uncorrected (cumulative counters, as modules report them),
   link_flaps (cumulative). A missed poll is a row of NaN.
 A failing module's series ends at its last poll before failure_time.
+
+Ground truth per failing module: ``warning`` is when its precursor begins (the ramp's
+onset, drawn per mode), ``visible_warning`` is when the precursor first shows in the
+signals, measured against the same module without the failure (see ``VISIBLE``). A ramp
+that starts slowly, or bursts that stay rare, can begin hours before they show.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -31,9 +38,14 @@ CHANNELS = (
     + [f"bias_ma_{i}" for i in range(LANES)]
     + ["temp_c", "vcc_v", "fec_corrected", "fec_uncorrected", "link_flaps"]
 )
+# Cumulative counters, and the channels that are one quantity on the four lanes.
+NOTES = {
+    "counters": ["fec_corrected", "fec_uncorrected", "link_flaps"],
+    "lanes": [[f"{q}_{i}" for i in range(LANES)] for q in ("tx_dbm", "rx_dbm", "bias_ma")],
+}
 FAILURE_MODES = ("rx_decay", "bias_climb", "thermal_runaway", "fec_burst", "sudden_death")
 ALARMING_KINDS = ("low_rx", "hot", "noisy_fec", "bias_step", "flap", "slow_drift")
-# Hours of warning before failure, per mode: how long the precursor is visible.
+# Hours before failure that the precursor begins, per mode (it shows later: see VISIBLE).
 WARNING_H = {
     "rx_decay": (6.0, 24.0),
     "bias_climb": (8.0, 24.0),
@@ -41,6 +53,18 @@ WARNING_H = {
     "fec_burst": (3.0, 20.0),
     "sudden_death": (0.0, 0.25),
 }
+# When a precursor shows: the failing module is compared with the same module without the
+# failure (noise-free, physical units). A gauge shows it once it departs by three times
+# its sensor noise (dB, mA, degC, V). FEC corrections show it once the polls with at least
+# twice the link's usual rate come more densely, over some span of up to VISIBLE_SPAN
+# polls, than they ever do on that span without the failure: a burst like the ones the
+# link has anyway says nothing. Uncorrectable codewords show it from one per poll, link
+# flaps from a 10% chance per poll.
+VISIBLE = {"tx": 0.15, "rx": 0.3, "bias": 0.9, "temp": 0.9, "vcc": 0.03}
+VISIBLE_FEC_RATIO = 2.0
+VISIBLE_SPAN = 24
+VISIBLE_UNC = 1.0
+VISIBLE_FLAP = 0.1
 
 
 class _Module:
@@ -79,7 +103,9 @@ def _ramp(t, start, end, power):
     return u**power
 
 
-def _failure(m: _Module, mode: str, f: float, warn: float):
+def _failure(m: _Module, mode: str, f: float, warn: float, quiet: _Module):
+    """Apply the failure's precursor to ``m``. ``quiet`` is the same module without the
+    failure; it keeps what would have happened anyway (the link's usual bursts)."""
     rng, t = m.rng, m.t
     lane = rng.integers(LANES)
     u = _ramp(t, f - warn, f, rng.uniform(1.0, 2.5))
@@ -95,11 +121,41 @@ def _failure(m: _Module, mode: str, f: float, warn: float):
         m.temp += (rng.uniform(85, 92) - m.temp[0]) * v
         m.vcc -= 0.06 * v
     elif mode == "fec_burst":  # marginal link: bursts of errors, more and more often
-        bursts = rng.random(m.n) < 0.01 + 0.6 * u**2
-        m.fec_rate *= np.where(bursts, 10 ** rng.uniform(1.5, 3.0, m.n), 1.0)
+        draw = rng.random(m.n)
+        size = 10 ** rng.uniform(1.5, 3.0, m.n)
+        bursts = draw < 0.01 + 0.6 * u**2
+        m.fec_rate *= np.where(bursts, size, 1.0)
+        # A marginal link bursts on 1% of polls anyway: those are no precursor.
+        quiet.fec_rate *= np.where(draw < 0.01, size, 1.0)
         m.unc_rate += np.where(bursts & (u > 0.5), 300.0 * u**3, 0.0)
         m.flap_p += np.where(u > 0.85, 0.1, 0.0)
     # sudden_death: nothing changes before the failure.
+
+
+def _denser_fec(m: _Module, quiet: _Module) -> np.ndarray:
+    """Per poll: over some span of up to VISIBLE_SPAN polls ending there, the failing link
+    had more polls of high FEC than the quiet link has in any span that long."""
+    high = VISIBLE_FEC_RATIO * np.median(quiet.fec_rate)
+    fail = np.concatenate(([0], np.cumsum(m.fec_rate >= high)))
+    calm = np.concatenate(([0], np.cumsum(quiet.fec_rate >= high)))
+    seen = np.zeros(m.n, dtype=bool)
+    for span in range(1, VISIBLE_SPAN + 1):
+        seen[span - 1 :] |= fail[span:] - fail[:-span] > (calm[span:] - calm[:-span]).max()
+    return seen
+
+
+def _visible_from(m: _Module, quiet: _Module) -> int | None:
+    """First poll where the failing module departs visibly from ``quiet`` (both coupled),
+    or None when it never does (a sudden death)."""
+    seen = np.zeros(m.n, dtype=bool)
+    for name, level in VISIBLE.items():
+        d = np.abs(getattr(m, name) - getattr(quiet, name))
+        seen |= (d.max(axis=1) if d.ndim > 1 else d) >= level
+    seen |= _denser_fec(m, quiet)
+    seen |= m.unc_rate - quiet.unc_rate >= VISIBLE_UNC
+    seen |= m.flap_p - quiet.flap_p >= VISIBLE_FLAP
+    hits = np.flatnonzero(seen)
+    return int(hits[0]) if hits.size else None
 
 
 def _alarming(m: _Module, kind: str, span: float):
@@ -155,12 +211,21 @@ def _one(rng: np.random.Generator, name: str, kind: str) -> Entity:
         t = start + STEP_H * np.arange(n)
         f, warn = float("nan"), float("nan")
     m = _Module(rng, n, t)
+    visible = float("nan")
     if failing:
-        _failure(m, kind, f, warn)
-    elif kind != "healthy":
-        _alarming(m, kind, SPAN_H)
-    m.couple()
-    return Entity(name, t, _observe(m, rng), float(f), kind, float(warn))
+        quiet = copy.copy(m)
+        for k in ("tx", "rx", "bias", "temp", "vcc", "fec_rate", "unc_rate", "flap_p"):
+            setattr(quiet, k, getattr(m, k).copy())
+        _failure(m, kind, f, warn, quiet)
+        m.couple()
+        quiet.couple()
+        first = _visible_from(m, quiet)
+        visible = 0.0 if first is None else float(f - t[first])
+    else:
+        if kind != "healthy":
+            _alarming(m, kind, SPAN_H)
+        m.couple()
+    return Entity(name, t, _observe(m, rng), float(f), kind, float(warn), visible)
 
 
 def generate(
@@ -192,5 +257,5 @@ def load_transceiver(seed: int = 0, n_train: int = 500, n_test: int = 300) -> Pr
         horizon=HORIZON_H,
         time_unit="hours",
         step=STEP_H,
-        notes={"counters": ["fec_corrected", "fec_uncorrected", "link_flaps"]},
+        notes=dict(NOTES),
     )

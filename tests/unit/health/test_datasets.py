@@ -1,5 +1,7 @@
 """Loaders and the transceiver generator."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,37 @@ def test_failing_modules_end_before_failure_with_precursor():
             rx = e.x[:, [ch.index(f"rx_dbm_{i}") for i in range(4)]]
             # some lane falls far below its starting level by the last polls
             assert np.nanmin(rx[-8:]) < np.nanmin(rx[:8]) - 5.0
+
+
+def test_visible_warning_is_when_the_precursor_shows():
+    ents = transceiver.generate(60, seed=3)
+    for e in ents:
+        if e.kind not in transceiver.FAILURE_MODES:
+            assert np.isnan(e.visible_warning) and np.isnan(e.warning)
+            continue
+        # it shows at a poll at or after its onset; a sudden death never shows one
+        assert 0.0 <= e.visible_warning <= e.warning
+        assert (e.visible_warning == 0.0) == (e.kind == "sudden_death")
+    fec = [e for e in ents if e.kind == "fec_burst"]
+    # bursts stay rare early in the escalation: they show hours after it begins, and two
+    # of these five modules began more than 2 h ahead but showed less than 2 h ahead
+    assert [round(e.warning, 2) for e in fec] == [15.54, 3.65, 3.75, 15.37, 11.15]
+    assert [round(e.visible_warning, 2) for e in fec] == [6.75, 0.75, 0.25, 8.0, 3.0]
+    # a steady ramp in dB shows within a few polls of its onset
+    rx = [e for e in ents if e.kind == "rx_decay"]
+    assert [round(e.visible_warning, 2) for e in rx] == [20.5, 16.5, 16.5, 9.25, 13.0]
+
+
+def test_a_burst_like_the_links_usual_ones_shows_no_precursor():
+    calm = np.full(100, 1000.0)
+    calm[[10, 50]] = 1e5  # the link bursts now and then without failing
+    one, pair = calm.copy(), calm.copy()
+    one[80] = 1e5  # one more burst, on its own
+    pair[[80, 81]] = 1e5  # two in a row, denser than the link ever bursts
+    quiet = SimpleNamespace(fec_rate=calm, n=100)
+    assert not transceiver._denser_fec(SimpleNamespace(fec_rate=one, n=100), quiet).any()
+    seen = transceiver._denser_fec(SimpleNamespace(fec_rate=pair, n=100), quiet)
+    assert np.flatnonzero(seen).tolist()[0] == 81
 
 
 def test_windows_labels_and_teacher_shift():
