@@ -33,7 +33,7 @@ RUN_DIR = typer.Option(
     help="run folder of a local cluster; default: runs/latest",
 )
 TIMEOUT = typer.Option(
-    5.0, "--timeout", min=0.1, help="seconds to keep trying to reach a leader before giving up"
+    15.0, "--timeout", min=0.1, help="seconds to keep trying to reach a leader before giving up"
 )
 
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stalwart import codec
 from stalwart.api import common, paramserver, paramserver_grpc
-from stalwart.channel import open_channel
+from stalwart.channel import ChannelConfig, open_channel
 from stalwart.client import ShardGroupClient
 from stalwart.errors import RpcError
 from stalwart.procs import ServiceProcess
@@ -40,12 +40,17 @@ StubFor = Callable[[str], Stub]
 
 @asynccontextmanager
 async def stubs() -> AsyncIterator[StubFor]:
-    """``stub_for(address)`` over channels opened in this loop and closed at the end."""
+    """``stub_for(address)`` over channels opened in this loop and closed at the end.
+
+    Reconnects back off for at most a second, as the primary's own links do: a
+    replica restarted on its old port is reachable again at once, not after
+    gRPC's default backoff of up to two minutes."""
     channels: dict[str, grpc.aio.Channel] = {}
+    config = ChannelConfig(max_reconnect_backoff_s=1.0)
 
     def stub_for(address: str) -> Stub:
         if address not in channels:
-            channels[address] = open_channel(address)
+            channels[address] = open_channel(address, config)
         return Stub(channels[address])
 
     try:
@@ -191,7 +196,8 @@ async def fingerprint(
     stub: Stub, job_id: str, at_version: int = 0
 ) -> paramserver.GetFingerprintResponse:
     request = paramserver.GetFingerprintRequest(job_id=job_id, at_version=at_version)
-    return await call(stub.GetFingerprint(request, timeout=TIMEOUT_S))
+    # wait_for_ready: a replica just restarted may still be reconnecting
+    return await call(stub.GetFingerprint(request, timeout=TIMEOUT_S, wait_for_ready=True))
 
 
 async def promote(stub: Stub, epoch: int, backups: Sequence[str] = ()):
