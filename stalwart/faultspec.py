@@ -9,6 +9,7 @@ injecting nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 
 def parse(text: str, known: Mapping[str, type]) -> dict[str, int | float]:
@@ -25,3 +26,17 @@ def parse(text: str, known: Mapping[str, type]) -> dict[str, int | float]:
                 f"bad fault {part!r}: {raw!r} is not a {known[name].__name__}"
             ) from None
     return values
+
+
+class FaultSet:
+    """Base of a frozen dataclass of faults whose class attribute ``KNOWN`` names them."""
+
+    KNOWN: ClassVar[Mapping[str, type]] = {}
+
+    @classmethod
+    def parse(cls, text: str):
+        return cls(**parse(text, cls.KNOWN))
+
+    @property
+    def active(self) -> bool:
+        return self != type(self)()

@@ -20,17 +20,11 @@ _KNOWN = {"flip_state_at_version": int}
 
 
 @dataclass(frozen=True)
-class Faults:
+class Faults(faultspec.FaultSet):
+    KNOWN = _KNOWN
+
     flip_state_at_version: int | None = None
     fired: set = field(default_factory=set, compare=False, repr=False)
-
-    @classmethod
-    def parse(cls, text: str) -> Faults:
-        return cls(**faultspec.parse(text, _KNOWN))
-
-    @property
-    def active(self) -> bool:
-        return self != Faults()
 
     def after_apply(self, model) -> None:
         """Called with the job's lock held, right after ``model`` reached a new version."""

@@ -41,7 +41,9 @@ _KNOWN = {
 
 
 @dataclass(frozen=True)
-class Faults:
+class Faults(faultspec.FaultSet):
+    KNOWN = _KNOWN
+
     crash_at_step: int | None = None
     crash_after_push: int | None = None
     hang_at_step: int | None = None
@@ -50,14 +52,6 @@ class Faults:
     heat_from_step: int | None = None
     # faults that do not end the process remember firing, so a recomputed step is clean
     fired: set = field(default_factory=set, compare=False, repr=False)
-
-    @classmethod
-    def parse(cls, text: str) -> Faults:
-        return cls(**faultspec.parse(text, _KNOWN))
-
-    @property
-    def active(self) -> bool:
-        return self != Faults()
 
     def before_push(self, step: int) -> None:
         """Called with the gradient of ``step`` computed, before it is pushed."""
