@@ -100,15 +100,18 @@ class CoordinatorClient:
 
     # --- following the leader ------------------------------------------------------
 
-    def _next_address(self, err: RpcError) -> None:
+    def _next_address(self, tried: str, err: RpcError) -> None:
+        """Move on from ``tried`` after ``err``: to the leader it names, else the next replica."""
+        if self.leader != tried:
+            # Another call on this client has already moved on. Moving again from
+            # here would send the two calls ping-ponging between the replicas.
+            return
         hint = err.metadata.get("leader", "") if err.kind is ErrorKind.NOT_LEADER else ""
-        if hint and hint != self.leader:
+        if hint and hint != tried:
             self.leader = hint
             return
-        known = (
-            self.addresses + [self.leader] if self.leader not in self.addresses else self.addresses
-        )
-        self.leader = known[(known.index(self.leader) + 1) % len(known)]
+        known = self.addresses + [tried] if tried not in self.addresses else self.addresses
+        self.leader = known[(known.index(tried) + 1) % len(known)]
 
     async def _call(self, method: str, request: Any) -> Any:
         async for attempt in AsyncRetrying(
@@ -129,7 +132,7 @@ class CoordinatorClient:
         except grpc.RpcError as exc:
             err = RpcError.from_grpc(exc)
             if err.kind in _FOLLOW:
-                self._next_address(err)
+                self._next_address(address, err)
             raise err from None
         self.epoch = max(self.epoch, getattr(response, "epoch", 0) or 0)
         return response
@@ -301,14 +304,15 @@ class CoordinatorClient:
         request = coordinator.WatchEventsRequest(job_id=job_id, after_sequence=after)
         # A stream has no overall deadline: it lives as long as the watcher wants.
         # The long timeout only satisfies the channel's rule that every call has one.
-        call = self.stub(self.leader).WatchEvents(request, timeout=365 * 24 * 3600.0)
+        address = self.leader
+        call = self.stub(address).WatchEvents(request, timeout=365 * 24 * 3600.0)
         try:
             async for response in call:
                 yield response.event
         except grpc.RpcError as exc:
             err = RpcError.from_grpc(exc)
             if err.kind in _FOLLOW:
-                self._next_address(err)
+                self._next_address(address, err)
             raise err from None
         finally:
             call.cancel()
@@ -321,13 +325,17 @@ class CoordinatorClient:
             reraise=True,
         ):
             with attempt:
+                address = self.leader
                 status = await self._once(
-                    self.leader, "GetClusterStatus", coordinator.GetClusterStatusRequest()
+                    address, "GetClusterStatus", coordinator.GetClusterStatusRequest()
                 )
                 if not status.is_leader:
-                    if status.leader_address:
+                    err = RpcError(grpc.StatusCode.UNAVAILABLE, "no leader yet")
+                    if status.leader_address and self.leader == address:
                         self.leader = status.leader_address
-                    raise RpcError(grpc.StatusCode.UNAVAILABLE, "no leader yet")
+                    else:
+                        self._next_address(address, err)
+                    raise err
 
     # --- checkpoints ---------------------------------------------------------------
 
