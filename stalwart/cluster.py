@@ -79,6 +79,9 @@ class ClusterConfig:
     """More flags per role (``coordinator``, ``paramserver``, ``trainer``), e.g. timings."""
     trainer_env: dict[str, str] = field(default_factory=dict)
     """Environment added to trainers (tests set ``STALWART_FAULTS`` through it)."""
+    preload_services: bool = False
+    """Fork services from a server with torch imported (test suites; see
+    :mod:`stalwart.procs`). Off for ``stalwart up``: its services outlive the command."""
 
 
 @dataclass
@@ -196,7 +199,8 @@ class LocalCluster:
         args = [*_COMMON_FLAGS, "--node-id", spec.name, *spec.args,
                 *self.config.extra_args.get(spec.role, ())]  # fmt: skip
         proc = start_service(MODULES[spec.role], args, self.log_dir, spec.name, env=spec.env,
-                             timeout=self.config.start_timeout_s, cwd=_repo_root())  # fmt: skip
+                             timeout=self.config.start_timeout_s, cwd=_repo_root(),
+                             preload=self.config.preload_services)  # fmt: skip
         self.procs[spec.name] = proc
         member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
                         spec.shard, spec.started_as)  # fmt: skip

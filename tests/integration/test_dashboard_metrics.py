@@ -22,7 +22,7 @@ from stalwart.client import CoordinatorClient
 from stalwart.healthcheck import probe
 from stalwart.procs import ServiceProcess, start_service
 from tests.backends import shm_url  # noqa: F401
-from tests.helpers import assert_eventually
+from tests.helpers import PRELOAD, assert_eventually
 from tests.integration.coordinator.support import job_spec, wait_leader
 
 pytestmark = pytest.mark.timeout(240)
@@ -91,7 +91,8 @@ class Cluster:
     def start(self, module: str, name: str, *args: str) -> ServiceProcess:
         # --metrics-port 0: a free port, written to the ready file
         proc = start_service(module, ["--grace-seconds", "2", "--node-id", name, *args],
-                             self.run_dir, f"{self.prefix}-{name}", cwd=ROOT, timeout=90)  # fmt: skip
+                             self.run_dir, f"{self.prefix}-{name}", cwd=ROOT, timeout=90,
+                             preload=PRELOAD)  # fmt: skip
         self.procs.append(proc)
         return proc
 

@@ -22,7 +22,7 @@ from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, RpcError
 from stalwart.procs import start_service
 from stalwart.stores import Store, open_store
-from tests.helpers import assert_eventually_async
+from tests.helpers import PRELOAD, assert_eventually_async
 from tests.integration.paramserver.conftest import COMMON_FLAGS, MODULE, ROOT, Launcher
 from tests.integration.paramserver.support import (
     adam,
@@ -85,6 +85,7 @@ def _start_group(launcher: Launcher, env: dict[str, str] | None = None):
             env=env,
             timeout=90,
             cwd=ROOT,
+            preload=PRELOAD,
         )
         launcher.procs.append(proc)  # stopped with the rest at the end
         return proc

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stalwart import cluster
+from tests.helpers import PRELOAD
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,8 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LocalClu
     primary with a backup, a leader with a standby replica).
     """
     root = Path(tmp_path_factory.mktemp("runs"))
-    started = cluster.start(cluster.ClusterConfig(trainers=2, standbys=2, runs_root=root))
+    config = cluster.ClusterConfig(trainers=2, standbys=2, runs_root=root, preload_services=PRELOAD)
+    started = cluster.start(config)
     try:
         asyncio.run(cluster.wait_healthy(started, 120))
         yield started

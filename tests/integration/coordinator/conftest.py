@@ -15,6 +15,7 @@ import pytest
 
 from stalwart.procs import ServiceProcess, start_service
 from tests.backends import redis_url, shm_url  # noqa: F401
+from tests.helpers import PRELOAD
 
 ROOT = Path(__file__).resolve().parents[3]
 FAST = ("--grace-seconds", "1", "--metrics-port", "-1", "--log-level", "info")
@@ -48,7 +49,7 @@ class Cluster:
 
     def _start(self, module: str, name: str, *args: str) -> ServiceProcess:
         proc = start_service(module, [*FAST, *args], self.run_dir, f"{self.prefix}-{name}",
-                             cwd=ROOT, timeout=60)  # fmt: skip
+                             cwd=ROOT, timeout=60, preload=PRELOAD)  # fmt: skip
         self.procs.append(proc)
         return proc
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from stalwart.procs import ServiceProcess, start_service
+from tests.helpers import PRELOAD
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = "services.paramserver"
@@ -65,6 +66,7 @@ class Launcher:
             f"{self.prefix}-{name}",
             timeout=60,
             cwd=ROOT,
+            preload=PRELOAD,
         )
         self.procs.append(proc)
         return proc

@@ -15,6 +15,7 @@ import pytest
 
 from stalwart.procs import ServiceProcess, start_service
 from tests.backends import shm_url  # noqa: F401
+from tests.helpers import PRELOAD
 
 ROOT = Path(__file__).resolve().parents[3]
 FAST = ("--grace-seconds", "2", "--metrics-port", "-1")
@@ -40,7 +41,8 @@ class Procs:
 
     def start(self, module: str, name: str, *args: str, env=None) -> ServiceProcess:
         proc = start_service(module, [*FAST, "--node-id", name, *args], self.run_dir,
-                             f"{self.prefix}-{name}", env=env, cwd=ROOT, timeout=60)  # fmt: skip
+                             f"{self.prefix}-{name}", env=env, cwd=ROOT, timeout=60,
+                             preload=PRELOAD)  # fmt: skip
         self.procs.append(proc)
         return proc
 
