@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import urllib.request
@@ -31,8 +32,12 @@ TOKENS = {
 }
 
 
-def _start(run_dir: Path, name: str, *args: str, env: dict[str, str] | None = None):
-    return start_service(MODULE, list(args), run_dir, name, env=env, timeout=30, cwd=ROOT)
+def _start(
+    run_dir: Path, name: str, *args: str, env: dict[str, str] | None = None, preload: bool = False
+):
+    return start_service(
+        MODULE, list(args), run_dir, name, env=env, timeout=30, cwd=ROOT, preload=preload
+    )
 
 
 @pytest.fixture(scope="module")
@@ -247,23 +252,38 @@ def test_health_is_open_without_token(secured: ServiceProcess) -> None:
 # --- lifecycle --------------------------------------------------------------------------
 
 
-def test_sigterm_exits_zero_within_grace(run_dir: Path) -> None:
-    proc = _start(run_dir, "graceful", "--grace-seconds", "5")
+LAUNCHES = pytest.mark.parametrize("preload", [False, True], ids=["exec", "preloaded"])
+
+
+@LAUNCHES
+def test_sigterm_exits_zero_within_grace(run_dir: Path, preload: bool) -> None:
+    proc = _start(run_dir, f"graceful-{preload}", "--grace-seconds", "5", preload=preload)
     assert proc.terminate(timeout=5) == 0  # a SIGKILL fallback would give -9
     log_text = proc.log_path.read_text()
     assert "shutdown hook ran" in log_text and '"stopped"' in log_text
     assert not proc.ready_file.exists()
 
 
-def test_kill_is_immediate(run_dir: Path) -> None:
-    proc = _start(run_dir, "killed")
+@LAUNCHES
+def test_kill_is_immediate(run_dir: Path, preload: bool) -> None:
+    proc = _start(run_dir, f"killed-{preload}", preload=preload)
     assert proc.kill() == -9 and not proc.alive()
 
 
-def test_plaintext_on_non_loopback_is_refused(run_dir: Path) -> None:
+@LAUNCHES
+def test_plaintext_on_non_loopback_is_refused(run_dir: Path, preload: bool) -> None:
     with pytest.raises(ServiceStartError, match="refusing to serve plaintext") as info:
-        _start(run_dir, "exposed", "--host", "0.0.0.0")
+        _start(run_dir, f"exposed-{preload}", "--host", "0.0.0.0", preload=preload)
     assert "status 2" in str(info.value)
+
+
+def test_a_preloaded_service_has_its_own_session_environment_and_log(run_dir: Path) -> None:
+    with _start(run_dir, "forked", "--job-id", "job-9", env=TOKENS, preload=True) as proc:
+        ready = json.loads(proc.ready_file.read_text())
+        assert ready["pid"] == proc.pid and os.getsid(proc.pid) == proc.pid
+        assert _status_with(proc, None).code == grpc.StatusCode.UNAUTHENTICATED  # env applied
+        assert '"serving"' in proc.log_path.read_text()  # its own log file
+    assert proc.returncode == 0
 
 
 def test_insecure_allows_plaintext_and_warns(run_dir: Path) -> None:
