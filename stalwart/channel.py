@@ -74,6 +74,10 @@ class ChannelConfig:
     """Longest wait between attempts to reconnect to a peer that went away; None keeps
     gRPC's default, which grows to 120 s. Links that must notice a peer coming back
     soon (a primary's links to its backups) set it to about a second."""
+    retry_unavailable: bool = True
+    """Let gRPC retry UNAVAILABLE transparently (see the module docstring). Liveness
+    probes turn it off: a peer that refuses connections must fail the probe at once,
+    not after retries have used up the probe's deadline."""
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> ChannelConfig:
@@ -93,7 +97,7 @@ class ChannelConfig:
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.service_config", service_config()),
-            ("grpc.enable_retries", 1),
+            ("grpc.enable_retries", int(self.retry_unavailable)),
             *KEEPALIVE_OPTIONS,
         ]
         if self.server_name:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 
 import structlog
@@ -19,6 +20,7 @@ from services.coordinator.control import Control
 from services.coordinator.election import Election
 from services.coordinator.healthwatch import HealthWatch
 from services.coordinator.leader import LeaderState, holder_string
+from services.coordinator.nodeprobe import NodeProbe
 from services.coordinator.paramwatch import ParamWatch, ReplicaLinks
 from services.coordinator.sdcguard import SdcGuard
 from services.coordinator.servicer import CoordinatorServicer
@@ -57,9 +59,18 @@ async def run(settings: CoordinatorSettings) -> None:
     leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
     control = Control(settings, state, leader)
     token = settings.node_token.get_secret_value() or None
-    links = ReplicaLinks(lambda a: open_channel(a, ChannelConfig.from_settings(settings), token))
+    # Polls and probes go without transparent retries: a killed process must fail them
+    # at once (connection refused), so it is declared dead before its lease runs out;
+    # every round decides afresh anyway. Checkpoint calls keep the retrying channels.
+    channels = ChannelConfig.from_settings(settings)
+    probe = dataclasses.replace(channels, retry_unavailable=False)
+    links = ReplicaLinks(lambda a: open_channel(a, probe, token))
     watch = ParamWatch(control, links, settings.paramserver_unreachable_polls)
-    checkpoints = Checkpoints(control, links.stub, watch.group, settings)
+    node_probe = NodeProbe(
+        control, lambda a: open_channel(a, probe, token), settings.heartbeat_interval_seconds
+    )
+    checkpoint_links = ReplicaLinks(lambda a: open_channel(a, channels, token))
+    checkpoints = Checkpoints(control, checkpoint_links.stub, watch.group, settings)
     control.checkpoints = checkpoints
     health_watch = None
     if settings.health:
@@ -99,6 +110,7 @@ async def run(settings: CoordinatorSettings) -> None:
         asyncio.create_task(election.run()),
         asyncio.create_task(_every(settings.tick_seconds, control.tick)),
         asyncio.create_task(_every(settings.paramserver_poll_seconds, watch.round)),
+        asyncio.create_task(_every(settings.tick_seconds, node_probe.round)),
         asyncio.create_task(_every(settings.tick_seconds, checkpoints.round)),
     ]
     if health_watch is not None:
@@ -109,7 +121,7 @@ async def run(settings: CoordinatorSettings) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await links.close()
+        await asyncio.gather(links.close(), checkpoint_links.close(), node_probe.close())
         await asyncio.to_thread(checkpoints.close)
         store.close()
 

@@ -104,6 +104,15 @@ class Membership:
             node.state = NodeState.DEAD
         return sorted(dead, key=lambda n: n.node_id)
 
+    def silent(self, now: float, after_s: float, role: Role) -> list[NodeRecord]:
+        """Leased nodes of ``role`` not heard from for ``after_s`` (their lease still runs)."""
+        heard_before = now - after_s + self.lease_s  # lease_expires = last heard + lease_s
+        return sorted(
+            (n for n in self.nodes.values()
+             if n.role is role and n.leased and n.lease_expires <= heard_before),
+            key=lambda n: n.node_id,
+        )  # fmt: skip
+
     def declare_dead(self, node_id: str) -> NodeRecord | None:
         """Declare a node dead before its lease ends (it is known unreachable)."""
         node = self.nodes.get(node_id)

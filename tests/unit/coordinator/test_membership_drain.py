@@ -33,6 +33,29 @@ def test_expire(beats, now, dead):
     assert m.expire(now) == []  # declared once
 
 
+@pytest.mark.parametrize(
+    ("beats", "now", "silent"),
+    [
+        ({}, 0.39, []),
+        ({}, 0.4, ["a", "b"]),  # silent from exactly last heard + after_s
+        ({"a": 0.3}, 0.5, ["b"]),
+        ({"a": 0.3, "b": 0.35}, 0.69, []),
+    ],
+)
+def test_silent_nodes_are_those_not_heard_from_lately(beats, now, silent):
+    m = members("a", "b")
+    m.register(NodeRecord("ps", Role.PARAMSERVER, "x:2"), 0.0)  # other roles are not listed
+    for node_id, t in beats.items():
+        m.heartbeat(node_id, t)
+    assert [n.node_id for n in m.silent(now, 0.4, Role.TRAINER)] == silent
+
+
+def test_a_dead_node_is_not_silent():
+    m = members("a")
+    m.declare_dead("a")
+    assert m.silent(5.0, 0.4, Role.TRAINER) == []
+
+
 def test_dead_node_must_register_again():
     m = members("a")
     m.expire(5.0)
