@@ -11,7 +11,9 @@ imported torch, grpc and numpy (:mod:`multiprocessing`'s forkserver) instead of
 starting a fresh interpreter: the same module runs with the same arguments,
 output and session, but without paying ~3 s of imports each time. Test suites
 that start hundreds of services use it; ``stalwart up`` does not, because its
-services must outlive the command that started them.
+services must outlive the command that started them. As with any multiprocessing
+start method but fork, a script that uses it needs the ``if __name__ == "__main__":``
+guard (the fork server imports the caller's main module).
 """
 
 from __future__ import annotations
