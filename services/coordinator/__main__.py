@@ -139,10 +139,12 @@ async def _open_leases(url: str):
 
 
 async def _hand_over(election: Election | None) -> None:
-    """On SIGTERM a leader releases its lease so a standby takes over at once."""
+    """On SIGTERM a leader releases its lease so a standby takes over at once; a
+    replica acquires nothing from then on, and gives back a lease that an acquire
+    already in flight still gets."""
     if election is not None:
         with contextlib.suppress(Exception):
-            await election.step_down("shutting down")
+            await election.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

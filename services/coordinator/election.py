@@ -5,6 +5,11 @@ leader renews every renew interval. Store calls run in a thread with a
 timeout; a renew that fails or times out steps the leader down. Elected and
 deposed hooks are awaited in order, so a replica never serves as leader before
 it has reloaded the stored state.
+
+An acquire cannot be stopped once its thread has started: a lease it gets after
+the wait gave up (timeout, cancellation) or after :meth:`Election.stop` began is
+released at once, so no lease is ever held by a replica that does not know it
+(every standby would wait a whole TTL for it to lapse).
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class Election:
         self.on_deposed = on_deposed
         self.lease: Lease | None = None
         self._hold_off_until = 0.0  # after StepDown: let a standby win the lease
+        self._stopping = False  # stop() began: acquire nothing more
+        self._acquiring: asyncio.Future[None] | None = None  # store work stop() waits for
+        self._wanted: asyncio.Future[None] | None = None  # the call _try_acquire waits on
+        self._unclaimed: Lease | None = None  # acquired, not yet taken up by _try_acquire
 
     async def _io(self, fn, *args):
         return await asyncio.wait_for(
@@ -65,7 +74,7 @@ class Election:
         )
 
     async def run(self) -> None:
-        while True:
+        while not self._stopping:
             if self.leader.role is Role.LEADER:
                 await self._renew()
                 await asyncio.sleep(self.settings.leader_renew_seconds)
@@ -74,12 +83,30 @@ class Election:
                     await self._try_acquire()
                 await asyncio.sleep(self.settings.leader_poll_seconds)
 
+    async def stop(self) -> None:
+        """Shutdown (SIGTERM): acquire nothing more, let an acquire in flight end, and
+        release whatever lease this replica holds or has just acquired."""
+        self._stopping = True
+        call = self._acquiring
+        if call is not None and not call.done():
+            # the call releases a lease it gets from now on; wait for that release
+            done, _ = await asyncio.wait({call}, timeout=2 * self.settings.store_timeout_seconds)
+            if not done:
+                log.warning("a leader lease acquire is still running at shutdown")
+        lease, self._unclaimed = self._unclaimed, None
+        if lease is not None:  # acquired before stop(), _try_acquire not resumed yet
+            await self._give_back(lease, "acquired while shutting down")
+        await self.step_down("shutting down")
+
     async def _try_acquire(self) -> None:
+        if self._stopping:
+            return
         started = time.monotonic()
         try:
-            lease = await self._io(self.leases.acquire_lease, self.state.lease_name,
-                                   self.holder, self.settings.leader_ttl_seconds)  # fmt: skip
+            lease = await self._acquire()
             if lease is None:
+                if self._stopping:
+                    return
                 current = await self._io(self.leases.get_lease, self.state.lease_name)
                 if current is not None:
                     self.leader.observed(current.holder, current.token)
@@ -97,8 +124,51 @@ class Election:
             log.exception("taking over failed; stepping down")
             await self.step_down(f"take-over failed: {exc}")
             return
+        if self.lease is not lease:  # deposed (stop, StepDown, fenced) during the take-over
+            self.on_deposed()  # undo what the take-over set up after the first stand-down
+            return
         # from finding the lease free (the old leader's lapsed) to serving the stored state
         leader_elected(lease.token, time.monotonic() - started)
+
+    async def _acquire(self) -> Lease | None:
+        """``acquire_lease`` in a thread, waited for up to the store timeout."""
+        call = asyncio.ensure_future(self._acquire_call())
+        self._acquiring = self._wanted = call
+        try:
+            await asyncio.wait_for(asyncio.shield(call), self.settings.store_timeout_seconds)
+        except BaseException:  # timed out or cancelled: nobody takes up what it gets
+            self._wanted = None
+            lease, self._unclaimed = self._unclaimed, None
+            if lease is not None:  # it had just finished: give its lease back
+                self._acquiring = asyncio.ensure_future(self._give_back(lease, "acquire abandoned"))
+            raise
+        self._wanted = None
+        lease, self._unclaimed = self._unclaimed, None
+        return lease
+
+    async def _acquire_call(self) -> None:
+        """Run one acquire to its end; keep the lease only while someone waits for it."""
+        this = asyncio.current_task()
+        try:
+            lease = await asyncio.to_thread(self.leases.acquire_lease, self.state.lease_name,
+                                            self.holder, self.settings.leader_ttl_seconds)  # fmt: skip
+        except Exception:
+            if self._wanted is this:
+                raise
+            return  # the wait already gave up and said so
+        if lease is None:
+            return
+        if self._stopping or self._wanted is not this:
+            await self._give_back(lease, "acquired after shutdown began or the wait gave up")
+        else:
+            self._unclaimed = lease
+
+    async def _give_back(self, lease: Lease, why: str) -> None:
+        log.warning("releasing a leader lease nobody acts on", epoch=lease.token, why=why)
+        try:
+            await self._io(self.leases.release_lease, lease)
+        except (StalwartError, TimeoutError) as exc:
+            log.warning("cannot release the leader lease; it will lapse", error=str(exc))
 
     async def _renew(self) -> None:
         started = time.monotonic()
