@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import shlex
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -74,3 +76,110 @@ def unknown_env(service: str, names: set[str]) -> set[str] | None:
 
 def require_backends() -> bool:
     return os.environ.get("STALWART_REQUIRE_BACKENDS") == "1"
+
+
+# ------------------------------------------------------------------ Dockerfile
+
+#: The one Dockerfile every Stalwart image is built from, one target per service.
+DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
+
+
+@dataclass
+class Stage:
+    """One ``FROM ... AS name`` stage: its base and its instructions, in order."""
+
+    name: str
+    base: str
+    steps: list[tuple[str, str]] = field(default_factory=list)
+
+    def args(self, kind: str) -> list[str]:
+        return [rest for k, rest in self.steps if k == kind]
+
+
+@dataclass
+class Dockerfile:
+    """A parsed Dockerfile: the ARGs before the first FROM, and the stages."""
+
+    text: str
+    global_args: dict[str, str]
+    stages: dict[str, Stage]
+
+    def chain(self, name: str) -> list[Stage]:
+        """The stage and the stages it is built on, the first FROM first."""
+        out = [self.stages[name]]
+        while out[0].base in self.stages:
+            out.insert(0, self.stages[out[0].base])
+        return out
+
+    def root(self, name: str) -> str:
+        """The image (not a stage) the stage finally starts from."""
+        return self.chain(name)[0].base
+
+    def last(self, name: str, kind: str) -> str | None:
+        """The instruction in force in the stage's image (later ones override)."""
+        found = [rest for stage in self.chain(name) for rest in stage.args(kind)]
+        return found[-1] if found else None
+
+    def pairs(self, name: str, kind: str) -> dict[str, str]:
+        """ENV or LABEL key=value pairs in force in the stage's image."""
+        out: dict[str, str] = {}
+        for stage in self.chain(name):
+            for rest in stage.args(kind):
+                for word in shlex.split(rest):
+                    key, _, value = word.partition("=")
+                    out[key] = value
+        return out
+
+    def exposed(self, name: str) -> set[str]:
+        return {
+            p.split("/")[0] for s in self.chain(name) for r in s.args("EXPOSE") for p in r.split()
+        }
+
+    def runs(self, name: str) -> str:
+        """Every RUN of the stage and the stages it is built on, joined."""
+        return "\n".join(r for s in self.chain(name) for r in s.args("RUN"))
+
+    def venv_source(self, name: str) -> str | None:
+        """The stage whose /opt/venv this stage's image copies."""
+        for stage in reversed(self.chain(name)):
+            for rest in stage.args("COPY"):
+                words = rest.split()
+                if words[0].startswith("--from=") and words[1:] == ["/opt/venv", "/opt/venv"]:
+                    return words[0].removeprefix("--from=")
+        return None
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, rest) for each instruction; continuations joined, comments dropped."""
+    out = []
+    lines = iter(text.splitlines())
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        while line.endswith("\\"):
+            nxt = next(lines, "").strip()
+            line = line[:-1].rstrip() + ("" if nxt.startswith("#") else " " + nxt)
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def parse_dockerfile(path: Path = DOCKERFILE) -> Dockerfile:
+    text = path.read_text()
+    global_args: dict[str, str] = {}
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for kind, rest in _instructions(text):
+        if kind == "FROM":
+            words = rest.split()
+            assert len(words) == 3 and words[1].upper() == "AS", f"unnamed stage: FROM {rest}"
+            assert words[2] not in stages, f"stage {words[2]} named twice"
+            current = stages[words[2]] = Stage(words[2], words[0])
+        elif current is None:
+            assert kind == "ARG", f"{kind} before the first FROM"
+            key, _, value = rest.partition("=")
+            global_args[key] = value
+        else:
+            current.steps.append((kind, rest))
+    return Dockerfile(text, global_args, stages)

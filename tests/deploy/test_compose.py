@@ -5,7 +5,6 @@ STALWART_* variables the services read, ports they serve)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 
@@ -15,8 +14,10 @@ import yaml
 from tests.deploy.project import (
     COMPOSE_SCHEMA,
     DEPLOY,
+    DOCKERFILE,
     PENDING_CLI,
     ROOT,
+    parse_dockerfile,
     service_module_exists,
     unknown_env,
 )
@@ -31,9 +32,8 @@ def compose() -> dict:
 
 
 def _role(spec: dict) -> str | None:
-    """Which Stalwart service a compose service runs, from its Dockerfile."""
-    m = re.fullmatch(r"services/(\w+)/Dockerfile", spec.get("build", {}).get("dockerfile", ""))
-    return m.group(1) if m else None
+    """Which Stalwart service a compose service runs: the Dockerfile target it builds."""
+    return spec.get("build", {}).get("target")
 
 
 def test_schema_valid(compose: dict) -> None:
@@ -109,16 +109,42 @@ def test_depends_on_waits_for_health(compose: dict) -> None:
 
 
 def test_builds_images_and_runs_modules_that_exist(compose: dict) -> None:
+    stages = parse_dockerfile().stages
     for name, spec in compose["services"].items():
         build = spec.get("build")
         if build:
             context = (COMPOSE.parent / build["context"]).resolve()
             assert context == ROOT, f"{name}: context must be the repository root"
-            assert (context / build["dockerfile"]).is_file(), f"{name}: {build['dockerfile']}"
+            assert (context / build["dockerfile"]) == DOCKERFILE, f"{name}: {build['dockerfile']}"
+            target = build.get("target")
+            assert target in STALWART_SERVICES and target in stages, f"{name}: target {target}"
+            assert spec["image"].split(":")[0] == f"stalwart/{target}", f"{name}: {spec['image']}"
         test = spec.get("healthcheck", {}).get("test", [])
         if test[:3] == ["CMD", "python", "-m"]:
             module = test[3].replace(".", "/")
             assert (ROOT / f"{module}.py").is_file() or (ROOT / module).is_dir(), test
+
+
+def _flags(healthcheck: str) -> dict[str, str]:
+    """HEALTHCHECK --interval=10s ... CMD [...] -> {"interval": "10s", ...}"""
+    options = healthcheck.split(" CMD ")[0].split()
+    return {
+        k.removeprefix("--").replace("-", "_"): v for k, _, v in (o.partition("=") for o in options)
+    }
+
+
+def test_healthchecks_spell_out_the_images(compose: dict) -> None:
+    dockerfile = parse_dockerfile()
+    for name, spec in compose["services"].items():
+        target = _role(spec)
+        if not target or "tools" in spec.get("profiles", []):
+            continue
+        image = dockerfile.last(target, "HEALTHCHECK")
+        cmd = json.loads(image.split(" CMD ", 1)[1])
+        check = spec["healthcheck"]
+        assert check["test"] == ["CMD", *cmd], f"{name}: {check['test']} vs the image's {cmd}"
+        for key, value in _flags(image).items():
+            assert str(check.get(key)) == value, f"{name}: {key} {check.get(key)} vs {value}"
 
 
 def test_cli_command_exists(compose: dict) -> None:

