@@ -64,7 +64,7 @@ class NodeProbe:
                 if not gone or node_id not in still or node is None or node.address != address:
                     continue
                 if c.members.declare_dead(node_id) is not None:
-                    c._node_died(node, "missed heartbeats and its port refuses connections")
+                    c._node_died(node, "missed heartbeats, port closed")
                     died = True
             if died:
                 c._reconcile(now)
