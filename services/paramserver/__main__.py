@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from services.paramserver import metrics, optim
+from services.paramserver import checkpointing, metrics, optim
 from services.paramserver.faults import Faults
 from services.paramserver.registration import Registration
 from services.paramserver.replica import ReplicaState, Role
@@ -18,7 +18,7 @@ from services.paramserver.settings import ParamServerSettings
 from stalwart import codec, log
 from stalwart.api import common, paramserver_grpc
 from stalwart.channel import ChannelConfig, open_channel
-from stalwart.server import ConfigError, ServiceRunner, settings_or_exit
+from stalwart.server import ConfigError, ServiceRunner, exit_after_clean_stop, settings_or_exit
 
 SERVICE_NAME = "stalwart.v1.ParamServerService"
 BACKUP_RECONNECT_S = 1.0
@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2)
+    # Stopped: in-flight RPCs finished within the grace, the optimizer's threads
+    # are joined. Let a checkpoint upload still running finish, then exit without
+    # the seconds of torch teardown.
+    checkpointing.finish_uploads()
+    exit_after_clean_stop(0)
 
 
 if __name__ == "__main__":

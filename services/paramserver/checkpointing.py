@@ -47,6 +47,11 @@ STORES = ckpt.StorePool()
 _UPLOADS = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
 
 
+def finish_uploads() -> None:
+    """At exit: wait for an upload or checkpoint read still running, then end the thread."""
+    _UPLOADS.shutdown(wait=True)
+
+
 @dataclass
 class Snapshot:
     """A private copy of one job's state at one version."""
