@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import structlog
 import torch
 from google.protobuf import message as pb_message
@@ -156,12 +157,14 @@ def write_tensors(
     claim_lock = threading.Lock()
     known_bases: set[str] = set(skip)  # bases proven stored (the parent's, or checked)
 
-    def put(key: str, data: bytes) -> None:
+    def put(key: str, data: bytes | memoryview) -> None:
         if before_put is not None:
             before_put(key)
-        store.put_chunk(key, data)
+        # ``key`` was computed from these very bytes a moment ago (its content
+        # address): the store need not hash them a second time
+        store.put_chunk(key, data, verified=True)
 
-    def try_patch(place, ref: common.ChunkRef, data: bytes) -> int | None:
+    def try_patch(place, ref: common.ChunkRef, data: bytes | memoryview) -> int | None:
         """Store ``data`` as a patch against the base at ``place``; bytes written, or None."""
         base = patch_base.chunks.get(place) if patch_base is not None else None
         if base is None or len(base[1]) != len(data):
@@ -191,8 +194,8 @@ def write_tensors(
 
     def store_piece(job) -> tuple[common.ChunkRef, int, bool]:
         """(ref, bytes written, stored as a patch)."""
-        index, offset, piece = job
-        data = bytes(piece)
+        # the snapshot's bytes, not a copy: hashed, CRC'd and stored from there
+        index, offset, data = job
         ref = common.ChunkRef(hash=hashlib.sha256(data).hexdigest(), size=len(data))
         ref.crc32c = crc32c(data)
         with claim_lock:  # identical chunks (zeroed state) are written once
@@ -210,7 +213,8 @@ def write_tensors(
             claimed.add(ref.hash)
         put(ref.hash, data)
         if patch_base is not None:
-            patch_base.chunks[place] = (ref.hash, data)  # stored whole: the new base here
+            # stored whole: the new base here (a copy: the snapshot is reused)
+            patch_base.chunks[place] = (ref.hash, bytes(data))
         return ref, len(data), False
 
     out: list[common.CheckpointTensor] = []
@@ -457,17 +461,23 @@ def read_tensors(
         t.spec.name: torch.empty(tuple(t.spec.shape), dtype=codec.DTYPES[t.spec.dtype])
         for t in tensors
     }
-    views = {name: memoryview(t.reshape(-1).view(torch.uint8).numpy()) for name, t in out.items()}
+    views = {name: t.reshape(-1).view(torch.uint8).numpy() for name, t in out.items()}
     jobs = []
     for t in tensors:
         offset = 0
         for i, ref in enumerate(t.chunks):
             jobs.append((t.spec.name, offset, ref, f"#{i} of tensor {t.spec.name}"))
             offset += ref.size
+
+    def place(job) -> None:
+        # each worker copies its own verified chunk into place (numpy lets go of
+        # the GIL for the copy), so copies overlap other chunks' reads and hashes
+        name, offset, ref, where = job
+        data = fetch_chunk(store, ref, where)
+        views[name][offset : offset + ref.size] = np.frombuffer(data, dtype=np.uint8)
+
     stats = ReadStats()
-    results = _bounded_map(lambda job: fetch_chunk(store, job[2], job[3]), jobs, workers)
-    for (name, offset, ref, _), data in zip(jobs, results, strict=True):
-        views[name][offset : offset + ref.size] = data
+    for (_, _, ref, _), _ in zip(jobs, _bounded_map(place, jobs, workers), strict=True):
         stats.chunks += 1
         stats.bytes += ref.size
     stats.seconds = time.perf_counter() - started
@@ -694,13 +704,15 @@ def copy_checkpoint(
         if not missing:
             return 0
         data = fetch_chunk(source, ref)  # a patch: base, patch and their result verified
+        # every put below stores bytes just checked against their hash on the way
+        # in: the target need not hash them again
         if not ref.patch_hash:
-            target.put_chunk(ref.hash, data)
+            target.put_chunk(ref.hash, data, verified=True)
             return ref.size
         written = 0
         for key in missing:
             blob = source.get_chunk(key, verify=True)
-            target.put_chunk(key, blob)
+            target.put_chunk(key, blob, verified=True)
             written += len(blob)
         return written
 

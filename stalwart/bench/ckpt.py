@@ -6,8 +6,9 @@ Everything is measured in the same run, per backend URL given:
   :mod:`stalwart.checkpoint` (chunk, hash, CRC32C, store, publish; read,
   verify, reassemble), against the store's raw ``put_chunk`` / ``get_chunk``
   of the very same chunk bytes, one after another (the store's own SHA-256
-  check included, as every caller pays it), and against ``torch.save`` /
-  ``torch.load`` of the same tensors to /dev/shm;
+  check included: the one hash a put of bytes it did not hash pays, where the
+  checkpoint writer's hash for the address stands in for it), and against
+  ``torch.save`` / ``torch.load`` of the same tensors to /dev/shm;
 - **training stall**: a real sync loop (one slot) against a paramserver primary
   + backup started here, a SaveCheckpoint after every step; the stall is the
   paramserver's ``snapshot_seconds`` (the only time the job's lock is held for

@@ -36,11 +36,21 @@ class Store(abc.ABC):
     # ------------------------------------------------------------------ chunks
 
     @abc.abstractmethod
-    def put_chunk(self, hash: str, data: bytes) -> None:
+    def put_chunk(self, hash: str, data: bytes | memoryview, *, verified: bool = False) -> None:
         """Store ``data`` under ``hash`` (its lowercase hex SHA-256).
 
         Idempotent. Raises CHECKSUM_MISMATCH, storing nothing, when ``data``
         does not hash to ``hash``.
+
+        ``verified=True`` skips that check, and only that one: pass it only when
+        the caller has itself just computed ``hash`` from these very bytes
+        (the checkpoint writer, which hashes each chunk for its address; a copy
+        that has just verified the chunk it read). Hashing a chunk again here
+        would cost as much as the whole write. A memoryview passed with it is
+        stored without a copy where the backend can, so its bytes must not
+        change until the call returns. Readers still check every chunk against
+        its hash, so a wrong word stores a chunk nobody will accept, not a
+        silent corruption.
         """
 
     @abc.abstractmethod

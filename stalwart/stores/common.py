@@ -173,9 +173,21 @@ def chunk_hash(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# google_crc32c takes only bytes-like objects that need no buffer release, so a
+# memoryview is fed through in pieces this big: a copy that stays in cache, where
+# one copy of a whole (multi-MiB) buffer would cost more than the CRC itself.
+_CRC_PIECE_BYTES = 64 * 1024
+
+
 def crc32c(data: bytes | bytearray | memoryview) -> int:
     """CRC32C (Castagnoli) of ``data``, as carried next to each wire chunk."""
-    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    if not isinstance(data, memoryview):
+        return google_crc32c.value(data)
+    view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
+    crc = 0
+    for start in range(0, len(view), _CRC_PIECE_BYTES):
+        crc = google_crc32c.extend(crc, bytes(view[start : start + _CRC_PIECE_BYTES]))
+    return crc
 
 
 def check_hash(value: str) -> str:
@@ -187,7 +199,7 @@ def check_hash(value: str) -> str:
     return value
 
 
-def verify_chunk(expected_hash: str, data: bytes) -> None:
+def verify_chunk(expected_hash: str, data: bytes | memoryview) -> None:
     """Raise CHECKSUM_MISMATCH unless ``data`` hashes to ``expected_hash``."""
     actual = chunk_hash(data)
     if actual != expected_hash:
@@ -253,6 +265,34 @@ def check_bytes(kind: str, value: object) -> bytes:
             f"{kind} of {len(value)} bytes exceeds the {MAX_VALUE_BYTES} byte limit",
         )
     return value
+
+
+def check_chunk(
+    hash: str, data: object, *, verified: bool, views: bool = False
+) -> bytes | memoryview:
+    """What every ``put_chunk`` does first: check the hash's form and the data's
+    type and size, then (unless ``verified``) that ``data`` hashes to ``hash``.
+    Returns the bytes to store.
+
+    ``verified=True`` is the caller's word that it computed ``hash`` from these
+    very bytes just before the call (see ``Store.put_chunk``). Only then may a
+    memoryview be stored as it is (``views=True``: for backends that write a
+    buffer without needing bytes); otherwise it is copied first, so that what
+    is checked is what is stored.
+    """
+    check_hash(hash)
+    if verified and views and isinstance(data, memoryview):
+        view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
+        if len(view) > MAX_VALUE_BYTES:
+            raise StalwartError(
+                ErrorKind.LIMIT_EXCEEDED,
+                f"chunk of {len(view)} bytes exceeds the {MAX_VALUE_BYTES} byte limit",
+            )
+        return view
+    data = check_bytes("chunk", data)
+    if not verified:
+        verify_chunk(hash, data)
+    return data
 
 
 def check_ttl(ttl_s: float) -> float:

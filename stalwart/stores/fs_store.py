@@ -46,6 +46,7 @@ from stalwart.stores.common import (
     LeaseRecord,
     StoreURL,
     check_bytes,
+    check_chunk,
     check_hash,
     check_id,
     check_key,
@@ -151,10 +152,8 @@ class FileStore(Store):
         directory = os.path.join(self.root, "chunks", hash[:2])
         return directory, os.path.join(directory, hash)
 
-    def put_chunk(self, hash: str, data: bytes) -> None:
-        check_hash(hash)
-        data = check_bytes("chunk", data)
-        verify_chunk(hash, data)
+    def put_chunk(self, hash: str, data: bytes | memoryview, *, verified: bool = False) -> None:
+        data = check_chunk(hash, data, verified=verified, views=True)
         directory, final = self._chunk_path(hash)
         if os.path.exists(final):
             return

@@ -53,6 +53,7 @@ from stalwart.stores.common import (
     LeaseRecord,
     StoreURL,
     check_bytes,
+    check_chunk,
     check_hash,
     check_id,
     check_key,
@@ -158,10 +159,8 @@ class IgniteStore(Store):
 
     # ------------------------------------------------------------------ chunks
 
-    def put_chunk(self, hash: str, data: bytes) -> None:
-        check_hash(hash)
-        data = check_bytes("chunk", data)
-        verify_chunk(hash, data)
+    def put_chunk(self, hash: str, data: bytes | memoryview, *, verified: bool = False) -> None:
+        data = check_chunk(hash, data, verified=verified)
         self._idempotent(lambda: self._caches["chunks"].put(hash, data))
 
     def get_chunk(self, hash: str, *, verify: bool = True) -> bytes:

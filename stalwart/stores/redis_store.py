@@ -33,6 +33,7 @@ from stalwart.stores.common import (
     Lease,
     StoreURL,
     check_bytes,
+    check_chunk,
     check_hash,
     check_id,
     check_key,
@@ -126,10 +127,8 @@ class RedisStore(Store):
 
     # ------------------------------------------------------------------ chunks
 
-    def put_chunk(self, hash: str, data: bytes) -> None:
-        check_hash(hash)
-        data = check_bytes("chunk", data)
-        verify_chunk(hash, data)
+    def put_chunk(self, hash: str, data: bytes | memoryview, *, verified: bool = False) -> None:
+        data = check_chunk(hash, data, verified=verified)
         with self._errors():
             self._r.set(_NS + "chunk:" + hash, data)
 

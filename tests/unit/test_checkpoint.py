@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -322,3 +323,41 @@ def test_identical_chunks_in_one_write_are_stored_once(store: Store) -> None:
     assert (stats.total_chunks, stats.written_chunks) == (4, 1)
     back, _ = ckpt.read_tensors(store, refs)
     assert all(torch.equal(back[n], t) for n, t in zeros.items())
+
+
+def test_each_chunk_is_hashed_once_per_write_and_per_read(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's content address is the store's check (put_chunk(verified=True));
+    a read checks each chunk once, and so does a copy to another store."""
+    hashed: list[int] = []
+    real = hashlib.sha256
+
+    def counting(data=b"", **kwargs):
+        hashed.append(len(data))
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    tensors = _model()
+    manifest, stats = _save(store, tensors, 1)
+    assert len(hashed) == stats.total_chunks == 13
+    hashed.clear()
+    back, _ = ckpt.read_tensors(store, manifest.tensors)
+    assert len(hashed) == 13 and all(torch.equal(back[n], t) for n, t in tensors.items())
+    hashed.clear()
+    with open_store(f"file://{tmp_path / 'durable'}") as durable:
+        ckpt.copy_checkpoint(store, durable, manifest)
+        assert len(hashed) == 13
+        hashed.clear()
+        assert ckpt.verify(durable, manifest).ok and len(hashed) == 13
+
+
+def test_copy_refuses_a_corrupt_chunk(store: Store, tmp_path: Path) -> None:
+    manifest, _ = _save(store, _model(), 1)
+    bad = manifest.tensors[0].chunks[2].hash
+    _flip_byte(store, bad)
+    with open_store(f"file://{tmp_path / 'durable'}") as durable:
+        with pytest.raises(StalwartError) as err:
+            ckpt.copy_checkpoint(store, durable, manifest, workers=1)
+        assert err.value.kind.code is grpc.StatusCode.DATA_LOSS and bad in err.value.message
+        assert not durable.has_chunk(bad) and durable.list_manifests("job") == []

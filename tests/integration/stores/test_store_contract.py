@@ -46,6 +46,35 @@ def test_chunk_with_wrong_hash_is_refused_and_not_stored(store: Store) -> None:
     assert not store.has_chunk(wrong)
 
 
+def test_prehashed_chunk_is_stored_from_a_view_without_a_second_check(store: Store) -> None:
+    data = bytearray(os.urandom(64 * 1024 + 3))
+    h = chunk_hash(data)
+    store.put_chunk(h, memoryview(data), verified=True)
+    data[0] ^= 0xFF  # the caller's buffer changes after the call: the stored chunk does not
+    got = store.get_chunk(h)
+    assert type(got) is bytes and chunk_hash(got) == h
+
+    # the caller's word is taken, but readers still check: a wrong hash stores a
+    # chunk that no verified read accepts
+    wrong = chunk_hash(os.urandom(16))
+    store.put_chunk(wrong, bytes(data), verified=True)
+    with pytest.raises(StalwartError) as err:
+        store.get_chunk(wrong)
+    assert err.value.kind is ErrorKind.CHECKSUM_MISMATCH
+    assert store.delete_chunk(wrong) and store.delete_chunk(h)
+
+
+def test_unverified_view_is_copied_before_its_check(store: Store) -> None:
+    data = os.urandom(4096)
+    h = chunk_hash(data)
+    store.put_chunk(h, memoryview(data))
+    assert store.get_chunk(h) == data
+    with pytest.raises(StalwartError) as err:
+        store.put_chunk(chunk_hash(b"other"), memoryview(data))
+    assert err.value.kind is ErrorKind.CHECKSUM_MISMATCH
+    assert store.delete_chunk(h)
+
+
 def test_missing_chunk_is_not_found(store: Store) -> None:
     h = chunk_hash(os.urandom(16))
     with pytest.raises(StalwartError) as err:
