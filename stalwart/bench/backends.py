@@ -32,7 +32,8 @@ def _script(kind: str, action: str, directory: Path, timeout: float) -> str:
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         raise BackendError(f"{kind}.sh {action} failed: {lines[-1] if lines else proc.returncode}")
-    return proc.stdout.strip().splitlines()[-1]
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1] if lines else ""  # start prints the URL last; stop prints nothing
 
 
 @contextlib.contextmanager
@@ -41,6 +42,8 @@ def started(kind: str) -> Iterator[str]:
     directory = Path(tempfile.mkdtemp(prefix=f"stalwart-bench-{kind}-"))
     url = _script(kind, "start", directory, START_TIMEOUT_S[kind])
     try:
+        if not url:
+            raise BackendError(f"{kind}.sh start printed no URL")
         yield url
     finally:
         with contextlib.suppress(BackendError):
