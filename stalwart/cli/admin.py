@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import typer
 
 from stalwart.api import common, coordinator
-from stalwart.cli import target
 from stalwart.cli.output import (
     OUTPUT_OPTION,
     Output,
     cli_errors,
-    emit_json,
+    emit,
     emit_mapping,
+    emit_record,
+    emit_rows,
     emit_table,
     to_data,
 )
+from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.errors import RpcError
 
@@ -69,29 +70,29 @@ async def _status(client: CoordinatorClient) -> dict:
     return {"leader": leader, "replicas": replicas, "nodes": nodes, "jobs": jobs}
 
 
-def status(
-    output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-) -> None:
+def status(output: Output = OUTPUT_OPTION, cluster: Target = FROM_FLAGS) -> None:
     """Leader, epoch, coordinator replicas, nodes and jobs."""
-    data = target.call(coordinator_, run_dir, timeout, _status)
+    data = cluster.call(_status)
+    emit(output, _status_data(data), lambda: _status_tables(data))
+
+
+def _status_data(data: dict) -> dict:
     leader = data["leader"]
-    if output is Output.json:
-        return emit_json(
-            {
-                "leader_id": leader.leader_id,
-                "leader_address": leader.leader_address,
-                "epoch": leader.epoch,
-                "store_url": leader.store_url,
-                "nodes_alive": leader.nodes_alive,
-                "jobs_running": leader.jobs_running,
-                "replicas": data["replicas"],
-                "nodes": [to_data(n) for n in data["nodes"]],
-                "jobs": [to_data(j) for j in data["jobs"]],
-            }
-        )
+    return {
+        "leader_id": leader.leader_id,
+        "leader_address": leader.leader_address,
+        "epoch": leader.epoch,
+        "store_url": leader.store_url,
+        "nodes_alive": leader.nodes_alive,
+        "jobs_running": leader.jobs_running,
+        "replicas": data["replicas"],
+        "nodes": [to_data(n) for n in data["nodes"]],
+        "jobs": [to_data(j) for j in data["jobs"]],
+    }
+
+
+def _status_tables(data: dict) -> None:
+    leader = data["leader"]
     emit_mapping(
         "cluster",
         {
@@ -115,68 +116,48 @@ def status(
     emit_table("jobs", JOB_COLUMNS, [job_row(j) for j in data["jobs"]])
 
 
-def nodes(
-    output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-) -> None:
+def nodes(output: Output = OUTPUT_OPTION, cluster: Target = FROM_FLAGS) -> None:
     """Every registered node: role, state, what it holds, health, step time."""
-    found = target.call(coordinator_, run_dir, timeout, lambda c: c.all_nodes())
-    if output is Output.json:
-        return emit_json([to_data(n) for n in found])
-    emit_table("nodes", NODE_COLUMNS, [node_row(n) for n in found])
+    emit_rows(output, "nodes", NODE_COLUMNS, cluster.call(lambda c: c.all_nodes()), node_row)
 
 
 def drain(
     node: str = typer.Argument(..., help="node id, as `stalwart nodes` shows it"),
     reason: str = typer.Option("drained from the CLI", help="recorded with the drain"),
     output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
+    cluster: Target = FROM_FLAGS,
 ) -> None:
     """Move a node's slot to a standby (or a free trainer), then give it no more work."""
-    found = target.call(coordinator_, run_dir, timeout, lambda c: c.drain_node(node, reason))
-    if output is Output.json:
-        return emit_json(found)
-    emit_table("drained", NODE_COLUMNS, [node_row(found)])
+    found = cluster.call(lambda c: c.drain_node(node, reason))
+    emit(output, found, lambda: emit_table("drained", NODE_COLUMNS, [node_row(found)]))
 
 
-def failover(
-    output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-) -> None:
+def failover(output: Output = OUTPUT_OPTION, cluster: Target = FROM_FLAGS) -> None:
     """Ask the leader coordinator to step down; a standby replica takes over."""
+    emit_record(output, "failover", cluster.call(lambda c: _failover(c, cluster.timeout)))
 
-    async def go(client: CoordinatorClient) -> dict:
-        before = await client.cluster_status()
-        old_epoch = await client.step_down()
-        after = before
-        for _ in range(int(timeout / 0.1) + 1):  # bounded: the new leader needs ~0.1-1 s
-            await asyncio.sleep(0.1)
-            try:
-                after = await client.cluster_status()
-            except RpcError:
-                continue
-            if after.epoch > old_epoch and after.leader_address:
-                break
-        return {
-            "old_leader": before.leader_id,
-            "old_epoch": old_epoch,
-            "new_leader": after.leader_id if after.epoch > old_epoch else "",
-            "new_epoch": after.epoch,
-        }
 
-    result = target.call(coordinator_, run_dir, timeout, go)
-    if output is Output.json:
-        return emit_json(result)
-    emit_mapping("failover", result)
+async def _failover(client: CoordinatorClient, timeout: float) -> dict:
+    before = await client.cluster_status()
+    old_epoch = await client.step_down()
+    after = before
+    for _ in range(int(timeout / 0.1) + 1):  # bounded: the new leader needs ~0.1-1 s
+        await asyncio.sleep(0.1)
+        try:
+            after = await client.cluster_status()
+        except RpcError:
+            continue
+        if after.epoch > old_epoch and after.leader_address:
+            break
+    return {
+        "old_leader": before.leader_id,
+        "old_epoch": old_epoch,
+        "new_leader": after.leader_id if after.epoch > old_epoch else "",
+        "new_epoch": after.epoch,
+    }
 
 
 def register(app: typer.Typer) -> None:
     """Add the commands to the top-level app (they read best without a group name)."""
     for fn in (status, nodes, drain, failover):
-        app.command(fn.__name__)(cli_errors(fn))
+        app.command(fn.__name__)(cli_errors(option_groups(fn)))

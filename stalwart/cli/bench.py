@@ -7,9 +7,14 @@ import contextlib
 import typer
 from rich.console import Console
 
-from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit_json, emit_mapping, fail
+from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit_record, fail
 
 app = typer.Typer(help="Benchmarks with same-run baselines.", no_args_is_help=True)
+
+
+def _status(text: str, output: Output):
+    """A spinner on stderr for people; nothing for scripts."""
+    return contextlib.nullcontext() if output is Output.json else Console(stderr=True).status(text)
 
 
 @app.command("ps")
@@ -21,12 +26,9 @@ def bench_ps(
     """Paramserver push/pull MB/s vs raw gRPC, and the cost of replication."""
     from stalwart.bench import ps  # torch import is slow: only when asked
 
-    if output is Output.table:
-        with Console(stderr=True).status("starting paramservers and measuring…"):
-            result = ps.main(model_mib, repeats)
-        emit_mapping("paramserver vs raw gRPC (same run)", result)
-    else:
-        emit_json(ps.main(model_mib, repeats))
+    with _status("starting paramservers and measuring…", output):
+        result = ps.main(model_mib, repeats)
+    emit_record(output, "paramserver vs raw gRPC (same run)", result)
 
 
 @app.command("ckpt")
@@ -38,12 +40,10 @@ def bench_ckpt(
 ) -> None:
     """Checkpoint save/restore MB/s vs raw store put/get and torch.save/load, training
     stall per checkpoint, and delta size ratios, on shm, Redis and Ignite."""
-    import contextlib
     import tempfile
 
     from stalwart.bench import backends
     from stalwart.bench import ckpt as bench  # torch import is slow: only when asked
-    from stalwart.cli.output import ExitCode, fail
     from stalwart.errors import StalwartError
 
     shm = tempfile.mkdtemp(prefix="stalwart-bench-", dir="/dev/shm")
@@ -52,12 +52,9 @@ def bench_ckpt(
             urls = {"shm": f"shm://{shm}"}
             for name, given in (("redis", redis_url), ("ignite", ignite_url)):
                 urls[name] = given or stack.enter_context(backends.started(name))
-            if output is Output.table:
-                with Console(stderr=True).status("measuring checkpoints…"):
-                    result = bench.main(urls, model_mib)
-                emit_mapping("checkpoint bench (same run)", result)
-            else:
-                emit_json(bench.main(urls, model_mib))
+            with _status("measuring checkpoints…", output):
+                result = bench.main(urls, model_mib)
+            emit_record(output, "checkpoint bench (same run)", result)
     except backends.BackendError as exc:
         fail(str(exc), ExitCode.UNREACHABLE)
     except StalwartError as exc:  # an unreachable --redis-url / --ignite-url, named
@@ -66,11 +63,6 @@ def bench_ckpt(
         import shutil
 
         shutil.rmtree(shm, ignore_errors=True)
-
-
-def _status(text: str, output: Output):
-    """A spinner on stderr for people; nothing for scripts."""
-    return contextlib.nullcontext() if output is Output.json else Console(stderr=True).status(text)
 
 
 @app.command("overhead")
@@ -88,9 +80,7 @@ def bench_overhead(
         fail("--warmup must be below --steps", ExitCode.INVALID_INPUT)
     with _status("plain loop, then a local cluster…", output):
         result = overhead.run(steps, warmup, batch_size, hidden)
-    if output is Output.json:
-        return emit_json(result)
-    emit_mapping("training throughput: Stalwart vs plain torch (same run)", result)
+    emit_record(output, "training throughput: Stalwart vs plain torch (same run)", result)
 
 
 @app.command("recovery")
@@ -104,14 +94,15 @@ def bench_recovery(
 
     with _status("killing, timing, replacing (a few minutes)…", output):
         result = recovery.run(trials, between)
-    if output is Output.json:
-        return emit_json(result)
-    emit_mapping(
-        "recovery: kill -9 to the next committed step",
+    emit_record(output, "recovery: kill -9 to the next committed step", result, _recovery_fields)
+
+
+def _recovery_fields(result: dict) -> dict:
+    return (
         {kind: f"median {v['median_s']} s, max {v['max_s']} s over {v['recovered']}/{v['trials']}"
                f" (goal <= {v['goal_s']} s)" for kind, v in result["kill_to_next_commit"].items()}
         | {k: result[k] for k in ("steps", "lost_or_repeated_steps",
-                                  "bitwise_equal_to_reference", "run_dir")},
+                                  "bitwise_equal_to_reference", "run_dir")}
     )  # fmt: skip
 
 
@@ -127,6 +118,4 @@ def bench_sdc(
     from stalwart.bench import sdc  # torch import is slow: only when asked
 
     result = sdc.main(steps, rounds, dup_every)
-    if output is Output.json:
-        return emit_json(result)
-    emit_mapping("silent-data-corruption defences (same run)", result)
+    emit_record(output, "silent-data-corruption defences (same run)", result)

@@ -9,23 +9,28 @@ through the coordinator, which owns the paramservers.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import typer
 
 from stalwart.api import common
-from stalwart.cli import target
 from stalwart.cli.output import (
     OUTPUT_OPTION,
     ExitCode,
     Output,
     cli_errors,
-    emit_json,
-    emit_mapping,
-    emit_table,
+    emit,
+    emit_record,
+    emit_rows,
     fail,
 )
+from stalwart.cli.target import FROM_FLAGS, Target, option_groups
+from stalwart.client.coordinator import CoordinatorClient
 from stalwart.errors import ErrorKind, StalwartError
+
+T = TypeVar("T")
 
 app = typer.Typer(help="Checkpoints: list, show, verify, restore, rm.", no_args_is_help=True)
 
@@ -53,6 +58,41 @@ def _job_of(checkpoint_id: str) -> str:
     return parts[0]
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where checkpoints are read: the store at --store-url, else the cluster's coordinator."""
+
+    job: str = JOB
+    store_url: str = STORE_URL
+    cluster: Target = FROM_FLAGS
+
+    def job_of(self, checkpoint_id: str) -> str:
+        return self.job or _job_of(checkpoint_id)
+
+    def ask(
+        self,
+        in_store: Callable[[Any, Any], T],
+        via_coordinator: Callable[[CoordinatorClient], Awaitable[T]],
+    ) -> T:
+        """``in_store(ckpt, store)`` with --store-url, else ``via_coordinator(client)``.
+
+        ``ckpt`` is stalwart.checkpoint, imported only here: it imports torch (slow).
+        """
+        if not self.store_url:
+            return self.cluster.call(via_coordinator)
+        from stalwart import checkpoint as ckpt
+
+        with _open(self.store_url) as store:
+            return in_store(ckpt, store)
+
+
+@dataclass(frozen=True)
+class _RestoreTarget(Target):
+    """A restore reads the whole checkpoint: --timeout waits longer, and bounds each call."""
+
+    timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="seconds to wait")
+
+
 def _age(manifest: common.CheckpointManifest, now: float) -> str:
     seconds = max(0.0, now - manifest.create_time.ToNanoseconds() / 1e9)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -72,36 +112,25 @@ COLUMNS = ["id", "job", "step", "size MiB", "written MiB", "delta", "parent", "a
 
 @app.command("list")
 @cli_errors
-def list_(
-    job: str = JOB,
-    store_url: str = STORE_URL,
-    coordinator: str = target.COORDINATOR,
-    run_dir: Path = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-    output: Output = OUTPUT_OPTION,
-) -> None:
+@option_groups
+def list_(source: Source = FROM_FLAGS, output: Output = OUTPUT_OPTION) -> None:
     """Complete checkpoints, newest first: size, written bytes (delta = written/total), age."""
-    if store_url:
-        if not job:
-            fail("--store-url needs --job (a store does not list jobs)", ExitCode.INVALID_INPUT)
-        from stalwart import checkpoint as ckpt
-
-        with _open(store_url) as store:
-            manifests = ckpt.list_checkpoints(store, job)[0]
-    else:
-
-        async def fetch(client):
-            jobs = [job] if job else [j.job_id for j in await client.all_jobs()]
-            out = []
-            for job_id in jobs:
-                out += (await client.list_checkpoints(job_id)).checkpoints
-            return out
-
-        manifests = target.call(coordinator, run_dir, timeout, fetch)
-    if output is Output.json:
-        return emit_json([_summary(m) for m in manifests])
+    if source.store_url and not source.job:
+        fail("--store-url needs --job (a store does not list jobs)", ExitCode.INVALID_INPUT)
+    manifests = source.ask(
+        lambda ckpt, store: ckpt.list_checkpoints(store, source.job)[0],
+        lambda client: _all_checkpoints(client, source.job),
+    )
     now = time.time()
-    emit_table("checkpoints", COLUMNS, [_row(m, now) for m in manifests])
+    emit_rows(output, "checkpoints", COLUMNS, manifests, lambda m: _row(m, now), _summary)
+
+
+async def _all_checkpoints(client: CoordinatorClient, job: str) -> list:
+    jobs = [job] if job else [j.job_id for j in await client.all_jobs()]
+    out = []
+    for job_id in jobs:
+        out += (await client.list_checkpoints(job_id)).checkpoints
+    return out
 
 
 def _summary(m: common.CheckpointManifest) -> dict:
@@ -114,88 +143,70 @@ def _summary(m: common.CheckpointManifest) -> dict:
     }  # fmt: skip
 
 
-def _manifest(checkpoint_id: str, job: str, store_url: str, coordinator, run_dir, timeout):
-    if store_url:
-        from stalwart import checkpoint as ckpt
-
-        with _open(store_url) as store:
-            return ckpt.load_manifest(store, job or _job_of(checkpoint_id), checkpoint_id)
-    return target.call(coordinator, run_dir, timeout, lambda c: c.get_checkpoint(checkpoint_id))
-
-
-@app.command()
-@cli_errors
-def show(
-    checkpoint_id: str,
-    job: str = JOB,
-    store_url: str = STORE_URL,
-    coordinator: str = target.COORDINATOR,
-    run_dir: Path = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-    output: Output = OUTPUT_OPTION,
-) -> None:
-    """One checkpoint: its manifest (tensors, shards, data position)."""
-    m = _manifest(checkpoint_id, job, store_url, coordinator, run_dir, timeout)
-    if output is Output.json:
-        return emit_json(m)
-    emit_mapping(f"checkpoint {m.checkpoint_id}", {
-        **{k: v for k, v in _summary(m).items()},
+def _details(m: common.CheckpointManifest) -> dict:
+    return {
+        **_summary(m),
         "data position": f"step {m.data_position.step}, seed {m.data_position.seed}",
         "shards": ", ".join(f"{s.shard}@v{s.version}" for s in m.shards),
         "tensors": len(m.tensors),
         "chunks": sum(len(t.chunks) for t in m.tensors),
         "patched chunks": sum(1 for t in m.tensors for r in t.chunks if r.patch_hash),
-    })  # fmt: skip
+    }
 
 
 @app.command()
 @cli_errors
-def verify(
-    checkpoint_id: str,
-    job: str = JOB,
-    store_url: str = STORE_URL,
-    coordinator: str = target.COORDINATOR,
-    run_dir: Path = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-    output: Output = OUTPUT_OPTION,
-) -> None:
-    """Read every chunk and check size, CRC32C and SHA-256 (exit 1 if any is bad)."""
-    if store_url:
-        from stalwart import checkpoint as ckpt
+@option_groups
+def show(checkpoint_id: str, source: Source = FROM_FLAGS, output: Output = OUTPUT_OPTION) -> None:
+    """One checkpoint: its manifest (tensors, shards, data position)."""
+    m = source.ask(
+        lambda ckpt, store: ckpt.load_manifest(store, source.job_of(checkpoint_id), checkpoint_id),
+        lambda client: client.get_checkpoint(checkpoint_id),
+    )
+    emit_record(output, f"checkpoint {m.checkpoint_id}", m, _details)
 
-        with _open(store_url) as store:
-            m = ckpt.load_manifest(store, job or _job_of(checkpoint_id), checkpoint_id)
-            report = ckpt.verify(store, m)
-        result = {"checkpoint_id": checkpoint_id, "ok": report.ok, "chunks_checked": report.chunks,
-                  "problems": report.problems}  # fmt: skip
-    else:
-        resp = target.call(
-            coordinator, run_dir, timeout, lambda c: c.verify_checkpoint(checkpoint_id)
-        )
-        result = {"checkpoint_id": checkpoint_id, "ok": resp.ok,
-                  "chunks_checked": resp.chunks_checked, "problems": list(resp.problems)}  # fmt: skip
-    if output is Output.json:
-        emit_json(result)
-    else:
-        emit_mapping(f"verify {checkpoint_id}", result)
+
+@app.command()
+@cli_errors
+@option_groups
+def verify(checkpoint_id: str, source: Source = FROM_FLAGS, output: Output = OUTPUT_OPTION) -> None:
+    """Read every chunk and check size, CRC32C and SHA-256 (exit 1 if any is bad)."""
+    result = source.ask(
+        lambda ckpt, store: _verify_in_store(
+            ckpt, store, source.job_of(checkpoint_id), checkpoint_id
+        ),
+        lambda client: _verify_via_coordinator(client, checkpoint_id),
+    )
+    emit_record(output, f"verify {checkpoint_id}", result)
     if not result["ok"]:
         raise typer.Exit(int(ExitCode.FAILED))
 
 
+def _verify_in_store(ckpt, store, job: str, checkpoint_id: str) -> dict:
+    report = ckpt.verify(store, ckpt.load_manifest(store, job, checkpoint_id))
+    return {"checkpoint_id": checkpoint_id, "ok": report.ok, "chunks_checked": report.chunks,
+            "problems": report.problems}  # fmt: skip
+
+
+async def _verify_via_coordinator(client: CoordinatorClient, checkpoint_id: str) -> dict:
+    resp = await client.verify_checkpoint(checkpoint_id)
+    return {"checkpoint_id": checkpoint_id, "ok": resp.ok,
+            "chunks_checked": resp.chunks_checked, "problems": list(resp.problems)}  # fmt: skip
+
+
 @app.command()
 @cli_errors
+@option_groups
 def restore(
-    checkpoint_id: str,
-    coordinator: str = target.COORDINATOR,
-    run_dir: Path = target.RUN_DIR,
-    timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="seconds to wait"),
-    output: Output = OUTPUT_OPTION,
+    checkpoint_id: str, cluster: _RestoreTarget = FROM_FLAGS, output: Output = OUTPUT_OPTION
 ) -> None:
     """Load a checkpoint into the job's paramservers; the job goes on from its step."""
-    job = target.call(coordinator, run_dir, timeout, lambda c: _restore(c, checkpoint_id, timeout))
-    if output is Output.json:
-        return emit_json(job)
-    print(f"job {job.job_id} restored from {checkpoint_id}: now at step {job.step}")
+    job = cluster.call(lambda c: _restore(c, checkpoint_id, cluster.timeout))
+    emit(
+        output,
+        job,
+        lambda: print(f"job {job.job_id} restored from {checkpoint_id}: now at step {job.step}"),
+    )
 
 
 async def _restore(client, checkpoint_id: str, timeout: float):
@@ -205,25 +216,17 @@ async def _restore(client, checkpoint_id: str, timeout: float):
 
 @app.command("rm")
 @cli_errors
-def rm(
-    checkpoint_id: str,
-    job: str = JOB,
-    store_url: str = STORE_URL,
-    coordinator: str = target.COORDINATOR,
-    run_dir: Path = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-    output: Output = OUTPUT_OPTION,
-) -> None:
+@option_groups
+def rm(checkpoint_id: str, source: Source = FROM_FLAGS, output: Output = OUTPUT_OPTION) -> None:
     """Delete a checkpoint and the chunks nothing else references (no delta depends on it)."""
-    if store_url:
-        from stalwart import checkpoint as ckpt
-
-        with _open(store_url) as store:
-            collected = ckpt.delete_checkpoint(store, job or _job_of(checkpoint_id), checkpoint_id)
-    else:
-        collected = target.call(
-            coordinator, run_dir, timeout, lambda c: c.delete_checkpoint(checkpoint_id)
-        )
-    if output is Output.json:
-        return emit_json({"checkpoint_id": checkpoint_id, "chunks_collected": collected})
-    print(f"deleted {checkpoint_id}; {collected} chunk(s) collected")
+    collected = source.ask(
+        lambda ckpt, store: ckpt.delete_checkpoint(
+            store, source.job_of(checkpoint_id), checkpoint_id
+        ),
+        lambda client: client.delete_checkpoint(checkpoint_id),
+    )
+    emit(
+        output,
+        {"checkpoint_id": checkpoint_id, "chunks_collected": collected},
+        lambda: print(f"deleted {checkpoint_id}; {collected} chunk(s) collected"),
+    )

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from stalwart import cluster
-from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit_json, emit_table, fail
+from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit, emit_table, fail
 from stalwart.cli.target import RUN_DIR
 
 RUNS_ROOT = typer.Option(
@@ -67,8 +67,10 @@ def up(
                 raise
     except cluster.ClusterError as exc:
         fail(str(exc).splitlines()[0] + " (logs in the run folder)", ExitCode.FAILED)
-    if output is Output.json:
-        return emit_json(cluster_data(local))
+    emit(output, cluster_data(local), lambda: _print_started(local, console))
+
+
+def _print_started(local: cluster.LocalCluster, console: Console) -> None:
     members_table(f"cluster up in {local.run_dir}", local)
     console.print(
         f"logs: {local.log_dir}\ncoordinators: {','.join(local.coordinator_addresses)}\n"
@@ -88,9 +90,8 @@ def down(
         local = cluster.stop_run(folder, timeout)
     except cluster.ClusterError as exc:
         fail(str(exc), ExitCode.INVALID_INPUT)
-    if output is Output.json:
-        return emit_json(cluster_data(local))
-    Console().print(f"stopped {len(local.members)} processes of {local.run_dir}")
+    stopped = f"stopped {len(local.members)} processes of {local.run_dir}"
+    emit(output, cluster_data(local), lambda: Console().print(stopped))
 
 
 def register(app: typer.Typer) -> None:

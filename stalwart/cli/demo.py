@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit_json, fail
+from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit, fail
 
 
 def demo(
@@ -55,9 +55,6 @@ def demo(
     json_path, html_path = report_mod.write(result, Path(result["run_dir"]))
     result["json"], result["html"] = str(json_path), str(html_path)
     json_path.write_text(json.dumps(result, indent=2))
-    if output is Output.json:
-        emit_json(result)
-    else:
-        report_mod.render(result)
+    emit(output, result, lambda: report_mod.render(result))
     if not result["ok"]:
         raise typer.Exit(int(ExitCode.FAILED))

@@ -5,26 +5,23 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stalwart.api import common, coordinator
-from stalwart.cli import target
 from stalwart.cli.admin import JOB_COLUMNS, enum_name, job_row
 from stalwart.cli.output import (
     OUTPUT_OPTION,
     ExitCode,
     Output,
     cli_errors,
-    emit_json,
-    emit_mapping,
-    emit_table,
+    emit_record,
+    emit_rows,
     fail,
-    to_data,
 )
+from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
 
 app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_help=True)
@@ -162,6 +159,7 @@ async def wait_for(
 
 @app.command()
 @cli_errors
+@option_groups
 def submit(
     model: str = typer.Option("digits-cnn", help="built-in (digits-cnn, mlp, embedding) or package.module:function"),
     slots: int | None = typer.Option(None, help="data-parallel slots (trainers); default per model"),
@@ -180,9 +178,7 @@ def submit(
     wait: bool = typer.Option(False, "--wait", help="follow the job with a progress bar until it ends"),
     wait_timeout: float = typer.Option(3600.0, help="longest --wait, seconds"),
     output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
+    cluster: Target = FROM_FLAGS,
 ) -> None:  # fmt: skip
     """Submit a training job; with --wait, follow it to the end (exit 1 unless it succeeds)."""
     spec = build_spec(model, slots, steps, batch_size, seed, optimizer, lr, momentum,
@@ -196,57 +192,41 @@ def submit(
             Console(stderr=True).print(f"submitted {job.job_id}")
         return await wait_for(client, job, wait_timeout, show=output is Output.table)
 
-    job = target.call(coordinator_, run_dir, timeout, go)
-    if output is Output.json:
-        emit_json(job)
-    else:
-        emit_mapping(f"job {job.job_id}", job_details(job))
+    job = cluster.call(go)
+    emit_record(output, f"job {job.job_id}", job, job_details)
     if wait and job.state != coordinator.JOB_STATE_SUCCEEDED:
         raise typer.Exit(int(ExitCode.FAILED))
 
 
 @app.command()
 @cli_errors
+@option_groups
 def get(
     job_id: str = typer.Argument(..., help="job id"),
     output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
+    cluster: Target = FROM_FLAGS,
 ) -> None:
     """One job: state, step, who holds each slot, its spec."""
-    job = target.call(coordinator_, run_dir, timeout, lambda c: c.get_job(job_id))
-    if output is Output.json:
-        return emit_json(job)
-    emit_mapping(f"job {job.job_id}", job_details(job))
+    job = cluster.call(lambda c: c.get_job(job_id))
+    emit_record(output, f"job {job.job_id}", job, job_details)
 
 
 @app.command()
 @cli_errors
+@option_groups
 def cancel(
     job_id: str = typer.Argument(..., help="job id"),
     reason: str = typer.Option("cancelled from the CLI", help="recorded as the job's reason"),
     output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
+    cluster: Target = FROM_FLAGS,
 ) -> None:
     """Cancel a job (a finished job is left as it is)."""
-    job = target.call(coordinator_, run_dir, timeout, lambda c: c.cancel_job(job_id, reason))
-    if output is Output.json:
-        return emit_json(job)
-    emit_mapping(f"job {job.job_id}", job_details(job))
+    job = cluster.call(lambda c: c.cancel_job(job_id, reason))
+    emit_record(output, f"job {job.job_id}", job, job_details)
 
 
 @cli_errors
-def jobs(
-    output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
-) -> None:
+@option_groups
+def jobs(output: Output = OUTPUT_OPTION, cluster: Target = FROM_FLAGS) -> None:
     """Every job, newest first."""
-    found = target.call(coordinator_, run_dir, timeout, lambda c: c.all_jobs())
-    if output is Output.json:
-        return emit_json([to_data(j) for j in found])
-    emit_table("jobs", JOB_COLUMNS, [job_row(j) for j in found])
+    emit_rows(output, "jobs", JOB_COLUMNS, cluster.call(lambda c: c.all_jobs()), job_row)

@@ -92,3 +92,30 @@ def emit_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
 
 def emit_mapping(title: str, data: Mapping[str, Any]) -> None:
     emit_table(title, ["field", "value"], [(k, v) for k, v in data.items()])
+
+
+def emit(output: Output, data: Any, for_people: Callable[[], None]) -> None:
+    """``data`` as JSON for scripts; for people, what ``for_people`` prints."""
+    if output is Output.json:
+        emit_json(data)
+    else:
+        for_people()
+
+
+def emit_record(
+    output: Output, title: str, data: Any, fields: Callable[[Any], Mapping[str, Any]] | None = None
+) -> None:
+    """One record: ``data`` as JSON, or a field/value table of ``fields(data)`` (or ``data``)."""
+    emit(output, data, lambda: emit_mapping(title, fields(data) if fields else data))
+
+
+def emit_rows(
+    output: Output,
+    title: str,
+    columns: Sequence[str],
+    items: Sequence[Any],
+    row: Callable[[Any], Sequence[Any]],
+    data: Callable[[Any], Any] = to_data,
+) -> None:
+    """A table with one ``row(item)`` a line, or a JSON list of ``data(item)``."""
+    emit(output, [data(i) for i in items], lambda: emit_table(title, columns, map(row, items)))

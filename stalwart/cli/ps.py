@@ -8,7 +8,7 @@ import typer
 
 from stalwart.api import common, paramserver, paramserver_grpc
 from stalwart.channel import open_channel
-from stalwart.cli.output import OUTPUT_OPTION, Output, cli_errors, emit_json, emit_table
+from stalwart.cli.output import OUTPUT_OPTION, Output, cli_errors, emit, emit_table
 from stalwart.errors import RpcError
 
 app = typer.Typer(
@@ -44,8 +44,10 @@ def _role(value: int) -> str:
 def status(address: str = ADDRESS, output: Output = OUTPUT_OPTION) -> None:
     """Role, epoch, jobs and backups of one replica."""
     resp = _call(address, "GetReplicaStatus", paramserver.GetReplicaStatusRequest())
-    if output is Output.json:
-        return emit_json(resp)
+    emit(output, resp, lambda: _replica_tables(resp))
+
+
+def _replica_tables(resp: paramserver.GetReplicaStatusResponse) -> None:
     emit_table(
         f"replica {resp.node_id} — {_role(resp.role)}, epoch {resp.epoch}, shard {resp.shard}",
         ["job", "version", "slots", "state MiB"],
@@ -69,13 +71,9 @@ def promote(
 ) -> None:
     """Make a backup the primary under a higher epoch; the old primary is fenced."""
     resp = _call(address, "Promote", paramserver.PromoteRequest(epoch=epoch, backups=backups))
-    if output is Output.json:
-        return emit_json(resp)
-    emit_table(
-        f"promoted {address} to primary at epoch {resp.epoch}",
-        ["job", "version"],
-        [(j.job_id, j.version) for j in resp.jobs],
-    )
+    title = f"promoted {address} to primary at epoch {resp.epoch}"
+    jobs = [(j.job_id, j.version) for j in resp.jobs]
+    emit(output, resp, lambda: emit_table(title, ["job", "version"], jobs))
 
 
 @app.command()
@@ -87,10 +85,6 @@ def fingerprint(
 ) -> None:
     """CRC32C fingerprints of a job's parameters and optimizer state on one replica."""
     resp = _call(address, "GetFingerprint", paramserver.GetFingerprintRequest(job_id=job))
-    if output is Output.json:
-        return emit_json(resp)
-    emit_table(
-        f"job {job} at version {resp.version}, epoch {resp.epoch}: combined {resp.combined:08x}",
-        ["tensor", "kind", "crc32c"],
-        [(t.name, t.kind, f"{t.crc32c:08x}") for t in resp.tensors],
-    )
+    title = f"job {job} at version {resp.version}, epoch {resp.epoch}: combined {resp.combined:08x}"
+    tensors = [(t.name, t.kind, f"{t.crc32c:08x}") for t in resp.tensors]
+    emit(output, resp, lambda: emit_table(title, ["tensor", "kind", "crc32c"], tensors))

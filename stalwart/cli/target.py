@@ -2,14 +2,21 @@
 
 Precedence: ``--coordinator`` (or ``STALWART_COORDINATOR``), then ``--run-dir``
 (or ``STALWART_RUN_DIR``), then ``runs/latest`` as left by ``stalwart up``.
+
+A command takes the three flags as one parameter, ``cluster: Target = FROM_FLAGS``,
+under the ``option_groups`` decorator; other groups of flags work the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import inspect
+import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import typer
 
@@ -57,19 +64,78 @@ def addresses(coordinator: str, run_dir: Path | None) -> list[str]:
     return local.coordinator_addresses
 
 
-def call(
-    coordinator: str,
-    run_dir: Path | None,
-    timeout_s: float,
-    fn: Callable[[CoordinatorClient], Awaitable[T]],
-) -> T:
-    """Run ``fn(client)`` on a leader-following client, closed afterwards."""
-    targets = addresses(coordinator, run_dir)
+FROM_FLAGS: Any = object()
+"""The default of a parameter that ``option_groups`` fills from its dataclass's flags."""
 
-    async def go() -> T:
-        async with CoordinatorClient(
-            targets, call_timeout_s=min(timeout_s, 5.0), retry_for_s=timeout_s
-        ) as client:
-            return await fn(client)
 
-    return asyncio.run(go())
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The cluster a command talks to: its --coordinator, --run-dir and --timeout."""
+
+    coordinator: str = COORDINATOR
+    run_dir: Path | None = RUN_DIR
+    timeout: float = TIMEOUT
+
+    def addresses(self) -> list[str]:
+        return addresses(self.coordinator, self.run_dir)
+
+    def client(self, targets: list[str]) -> CoordinatorClient:
+        """A leader-following client of ``targets`` that keeps trying for --timeout."""
+        return CoordinatorClient(
+            targets, call_timeout_s=min(self.timeout, 5.0), retry_for_s=self.timeout
+        )
+
+    def call(self, fn: Callable[[CoordinatorClient], Awaitable[T]]) -> T:
+        """Run ``fn(client)`` on a leader-following client, closed afterwards."""
+        targets = self.addresses()
+
+        async def go() -> T:
+            async with self.client(targets) as client:
+                return await fn(client)
+
+        return asyncio.run(go())
+
+
+def option_groups(command: Callable) -> Callable:
+    """Let ``command`` take a dataclass of options as one parameter (default ``FROM_FLAGS``).
+
+    The dataclass's fields, each with a ``typer.Option`` default, stand where the
+    parameter stood (so --help lists them in that place); the command gets them
+    back as one dataclass. A field that is such a dataclass itself is expanded too.
+    """
+    hints = typing.get_type_hints(command)
+    signature = inspect.signature(command)
+    groups = {n: hints[n] for n, p in signature.parameters.items() if p.default is FROM_FLAGS}
+    params = [flag for p in signature.parameters.values() for flag in _flags(p, hints[p.name])]
+
+    @functools.wraps(command)
+    def run(**values: Any) -> Any:
+        for name, group in groups.items():
+            values[name] = _gather(group, values)
+        return command(**values)
+
+    run.__signature__ = signature.replace(parameters=params)
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return run
+
+
+def _flags(param: inspect.Parameter, annotation: Any) -> list[inspect.Parameter]:
+    """The parameter itself, or the fields of its group as parameters of the same kind."""
+    if param.default is not FROM_FLAGS:
+        return [param.replace(annotation=annotation)]
+    hints = typing.get_type_hints(annotation)
+    return [
+        flag
+        for field in dataclasses.fields(annotation)
+        for flag in _flags(param.replace(name=field.name, default=field.default), hints[field.name])
+    ]
+
+
+def _gather(group: type, values: dict[str, Any]) -> Any:
+    """Take the group's fields out of ``values`` and build the group from them."""
+    hints = typing.get_type_hints(group)
+    fields = {}
+    for f in dataclasses.fields(group):
+        nested = f.default is FROM_FLAGS
+        fields[f.name] = _gather(hints[f.name], values) if nested else values.pop(f.name)
+    return group(**fields)

@@ -18,7 +18,6 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import typer
@@ -29,9 +28,9 @@ from rich.text import Text
 
 from stalwart.api import common, coordinator, health, health_grpc
 from stalwart.channel import open_channel
-from stalwart.cli import target
 from stalwart.cli.admin import enum_name, node_row
-from stalwart.cli.output import OUTPUT_OPTION, Output, emit_json, to_data
+from stalwart.cli.output import OUTPUT_OPTION, Output, emit, to_data
+from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
 
 EVENTS_SHOWN = 10
@@ -181,6 +180,7 @@ def frame_data(frame: Frame) -> dict:
 # --- the command -------------------------------------------------------------------
 
 
+@option_groups
 def top(
     once: bool = typer.Option(False, "--once", help="print one frame and exit"),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="seconds between frames"),
@@ -191,37 +191,32 @@ def top(
         help="health service host:port, for each node's risk; default: none",
     ),  # fmt: skip
     output: Output = OUTPUT_OPTION,
-    coordinator_: str = target.COORDINATOR,
-    run_dir: Path | None = target.RUN_DIR,
-    timeout: float = target.TIMEOUT,
+    cluster: Target = FROM_FLAGS,
 ) -> None:
     """A live view of the cluster: nodes, jobs, throughput, risk, recent events."""
-    addresses = target.addresses(coordinator_, run_dir)
+    addresses = cluster.addresses()
 
     async def one() -> Frame:
-        async with CoordinatorClient(
-            addresses, call_timeout_s=min(timeout, 5.0), retry_for_s=timeout
-        ) as client:
+        async with cluster.client(addresses) as client:
             return await take_frame(client, health_address, await recent_events(client))
 
     if once:
         frame = asyncio.run(one())
-        if output is Output.json:
-            return emit_json(frame_data(frame))
-        console = Console()
-        # Piped (a test, a log): wide enough that node ids are never cut short.
-        Console(width=None if console.is_terminal else 160).print(render(frame))
-        return
+        return emit(output, frame_data(frame), lambda: _print_frame(frame))
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_live(addresses, health_address, interval, timeout))
+        asyncio.run(_live(cluster, addresses, health_address, interval))
 
 
-async def _live(addresses: list[str], health_address: str, interval: float, timeout: float):
+def _print_frame(frame: Frame) -> None:
+    console = Console()
+    # Piped (a test, a log): wide enough that node ids are never cut short.
+    Console(width=None if console.is_terminal else 160).print(render(frame))
+
+
+async def _live(cluster: Target, addresses: list[str], health_address: str, interval: float):
     events: collections.deque = collections.deque(maxlen=EVENTS_SHOWN)
     rates = Rates()
-    async with CoordinatorClient(
-        addresses, call_timeout_s=min(timeout, 5.0), retry_for_s=timeout
-    ) as client:
+    async with cluster.client(addresses) as client:
         follower = asyncio.create_task(follow_events(client, events))
         try:
             frame = await take_frame(client, health_address, list(events))
