@@ -386,12 +386,20 @@ def run_service(
 ) -> None:
     """Process entry point: configure logging, serve, exit 0 on a clean stop, 2 on bad config."""
     log.configure_logging(settings.log_level, service, settings.node_id)
+    run_process(lambda s: serve(s, register, service_names, on_shutdown), settings)
+
+
+def run_process(run: Callable[[Any], Awaitable[None]], settings: ServiceSettings) -> None:
+    """The rest of a service's process: ``asyncio.run(run(settings))``; a ConfigError is
+    logged and printed as one ``Error:`` line, exit 2; after a clean stop the process
+    ends without interpreter teardown (:func:`exit_after_clean_stop`)."""
     try:
-        asyncio.run(serve(settings, register, service_names, on_shutdown))
+        asyncio.run(run(settings))
     except ConfigError as exc:
         log.get_logger("stalwart.server").error("cannot start", error=str(exc))
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2)
+    exit_after_clean_stop(0)
 
 
 def exit_after_clean_stop(code: int = 0) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import sys
 
 import structlog
 
@@ -30,7 +29,7 @@ from stalwart import log
 from stalwart.api import coordinator_grpc
 from stalwart.channel import ChannelConfig, open_channel
 from stalwart.errors import StalwartError
-from stalwart.server import ConfigError, ServiceRunner, settings_or_exit
+from stalwart.server import ConfigError, ServiceRunner, run_process, settings_or_exit
 from stalwart.stores import open_store
 
 SERVICE_NAME = "stalwart.v1.CoordinatorService"
@@ -150,11 +149,7 @@ async def _hand_over(election: Election | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     settings = settings_or_exit(CoordinatorSettings, argv)
     log.configure_logging(settings.log_level, "coordinator", settings.node_id)
-    try:
-        asyncio.run(run(settings))
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_process(run, settings)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,13 @@ detectors is ``python -m services.health.eval``.
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
 from services.health.servicer import HealthServicer
 from services.health.settings import HealthSettings
 from stalwart import log
 from stalwart.api import common, health_grpc
 from stalwart.channel import ChannelConfig
 from stalwart.client.coordinator import CoordinatorClient, NodeSession
-from stalwart.server import ConfigError, ServiceRunner, settings_or_exit
+from stalwart.server import ServiceRunner, run_process, settings_or_exit
 
 SERVICE_NAME = "stalwart.v1.HealthMonitorService"
 
@@ -51,11 +48,7 @@ async def run(settings: HealthSettings) -> None:
 def main(argv: list[str] | None = None) -> None:
     settings = settings_or_exit(HealthSettings, argv)
     log.configure_logging(settings.log_level, "health", settings.node_id)
-    try:
-        asyncio.run(run(settings))
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_process(run, settings)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from services.paramserver.settings import ParamServerSettings
 from stalwart import codec, log
 from stalwart.api import common, paramserver_grpc
 from stalwart.channel import ChannelConfig, open_channel
-from stalwart.server import ConfigError, ServiceRunner, exit_after_clean_stop, settings_or_exit
+from stalwart.server import ServiceRunner, run_process, settings_or_exit
 
 SERVICE_NAME = "stalwart.v1.ParamServerService"
 BACKUP_RECONNECT_S = 1.0
@@ -89,6 +89,8 @@ async def run(settings: ParamServerSettings) -> None:
         resync.cancel()
         if registration is not None:
             await registration.stop()
+        # stopped: let a checkpoint upload still running finish before the process ends
+        await asyncio.to_thread(checkpointing.finish_uploads)
 
 
 def _warm_up() -> None:
@@ -122,16 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         log.get_logger(__name__).warning("TEST FAULT INJECTION IS ON", faults=settings.faults)
     torch.set_num_threads(settings.torch_threads)
     _warm_up()
-    try:
-        asyncio.run(run(settings))
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    # Stopped: in-flight RPCs finished within the grace, the optimizer's threads
-    # are joined. Let a checkpoint upload still running finish, then exit without
-    # the seconds of torch teardown.
-    checkpointing.finish_uploads()
-    exit_after_clean_stop(0)
+    run_process(run, settings)
 
 
 if __name__ == "__main__":

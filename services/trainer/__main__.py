@@ -24,7 +24,7 @@ from stalwart.api import coordinator, trainer_grpc
 from stalwart.channel import ChannelConfig, open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
-from stalwart.server import ConfigError, ServiceRunner, settings_or_exit
+from stalwart.server import ServiceRunner, run_process, settings_or_exit
 
 SERVICE_NAME = "stalwart.v1.TrainerService"
 
@@ -169,11 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2)
-    try:
-        asyncio.run(run(settings))
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_process(run, settings)
 
 
 if __name__ == "__main__":
