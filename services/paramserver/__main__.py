@@ -13,11 +13,12 @@ from services.paramserver.faults import Faults
 from services.paramserver.registration import Registration
 from services.paramserver.replica import ReplicaState, Role
 from services.paramserver.replicator import Replicator
-from services.paramserver.servicer import ParamServer
+from services.paramserver.servicer import ParamServer, add_to_server
 from services.paramserver.settings import ParamServerSettings
 from stalwart import codec, log
-from stalwart.api import common, paramserver_grpc
+from stalwart.api import common
 from stalwart.channel import ChannelConfig, open_channel
+from stalwart.client.paramserver import ParamServerStub
 from stalwart.server import ServiceRunner, run_process, settings_or_exit
 
 SERVICE_NAME = "stalwart.v1.ParamServerService"
@@ -35,13 +36,11 @@ def build(settings: ParamServerSettings) -> ParamServer:
         ChannelConfig.from_settings(settings), max_reconnect_backoff_s=BACKUP_RECONNECT_S
     )
     token = settings.node_token.get_secret_value() or None
-    stubs: dict[str, paramserver_grpc.ParamServerServiceStub] = {}
+    stubs: dict[str, ParamServerStub] = {}
 
-    def stub_for(address: str) -> paramserver_grpc.ParamServerServiceStub:
+    def stub_for(address: str) -> ParamServerStub:
         if address not in stubs:
-            stubs[address] = paramserver_grpc.ParamServerServiceStub(
-                open_channel(address, channel_config, token)
-            )
+            stubs[address] = ParamServerStub(open_channel(address, channel_config, token))
         return stubs[address]
 
     limits = codec.Limits(
@@ -63,7 +62,7 @@ async def run(settings: ParamServerSettings) -> None:
     servicer = build(settings)
     runner = ServiceRunner(
         settings,
-        lambda server: paramserver_grpc.add_ParamServerServiceServicer_to_server(servicer, server),
+        lambda server: add_to_server(servicer, server),
         [SERVICE_NAME],
     )
 

@@ -20,7 +20,7 @@ from services.paramserver import metrics
 from services.paramserver.job import Entry
 from services.paramserver.replica import ReplicaState
 from stalwart import codec
-from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.api import paramserver, paramserver_grpc
 from stalwart.errors import ErrorKind, RpcError, StalwartError
 
 log = structlog.get_logger(__name__)
@@ -118,9 +118,10 @@ class Replicator:
         )
         await asyncio.gather(*(s.write(msg) for s in streams))
 
-    async def forward_chunk(self, streams: Sequence[ForwardStream], chunk: common.TensorChunk):
-        msg = paramserver.ReplicatePushRequest(chunk=chunk)
-        await asyncio.gather(*(s.write(msg) for s in streams))
+    async def forward_chunk(self, streams: Sequence[ForwardStream], message: bytes):
+        """Forward one chunk, serialized by :func:`codec.chunk_message` (the stubs
+        from ``stub_for`` send bytes as they are: ``stalwart.client.ParamServerStub``)."""
+        await asyncio.gather(*(s.write(message) for s in streams))
 
     async def finish_forwards(self, job_id: str, streams: Sequence[ForwardStream]) -> None:
         errors = await asyncio.gather(*(s.finish() for s in streams))
@@ -203,10 +204,7 @@ class Replicator:
     async def install(self, address: str, header: paramserver.InstallStateHeader, tensors) -> None:
         """Send a job's whole state to one backup (caller holds the job's lock)."""
         first = paramserver.InstallStateRequest(header=header)
-        chunks = (
-            paramserver.InstallStateRequest(chunk=c)
-            for c in codec.encode_chunks(tensors, self.chunk_bytes)
-        )
+        chunks = codec.encode_chunk_messages(tensors, self.chunk_bytes)
 
         async def messages():
             yield first

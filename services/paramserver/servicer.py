@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import grpc
 import structlog
 
 from services.paramserver import metrics
@@ -108,13 +109,16 @@ async def _first(request_iterator, field_name: str):
 
 
 async def _read_tensors(request_iterator, specs, limits, on_chunk=None) -> codec.ChunkAssembler:
+    """Assemble the chunks; ``on_chunk(chunk, placed)`` sees each one once it checked
+    out, ``placed`` being the tensor memory it was copied into."""
     assembler = codec.ChunkAssembler(specs, limits)
     async for message in request_iterator:
         if message.WhichOneof("part") != "chunk":
             raise StalwartError(ErrorKind.BAD_STREAM, "only chunks may follow the header")
-        assembler.add(message.chunk)
+        chunk = message.chunk
+        placed = assembler.add(chunk)
         if on_chunk is not None:
-            await on_chunk(message.chunk)
+            await on_chunk(chunk, placed)
     await _stream_ended()
     return assembler
 
@@ -245,8 +249,13 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         try:
             await self.replicator.forward_header(forwards, header)
 
-            async def forward(chunk):
-                await self.replicator.forward_chunk(forwards, chunk)
+            async def forward(chunk, placed):
+                # serialized once, straight from where the chunk landed, with the
+                # sender's CRC32C: the backup checks the bytes it gets against it
+                message = codec.chunk_message(
+                    chunk.tensor_index, chunk.offset, placed, chunk.crc32c
+                )
+                await self.replicator.forward_chunk(forwards, message)
 
             assembler = await _read_tensors(request_iterator, header.tensors, self.limits, forward)
             grads = assembler.finish()
@@ -375,7 +384,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             header, chunks = await self._snapshot(job, request.since_version, chunk_bytes)
         yield paramserver.PullResponse(header=header)
         for chunk in chunks:
-            yield paramserver.PullResponse(chunk=chunk)
+            yield chunk  # a serialized PullResponse (see add_to_server)
 
     def _readable(self, job: JobRuntime, min_version: int) -> bool:
         # Serve only acknowledged state: after a commit the backups refused, the
@@ -388,13 +397,13 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         )
 
     async def _snapshot(self, job: JobRuntime, since: int, chunk_bytes: int):
-        """Encoded copy of the changed tensors at the current version, cached."""
+        """Serialized chunk messages of the changed tensors at the current version, cached."""
         names = tuple(job.model.changed_since(since))
         key = (job.model.version, names, chunk_bytes)
         if job.pull_cache is not None and job.pull_cache[0] == key:
             return job.pull_cache[1], job.pull_cache[2]
         tensors = [job.model.params[n] for n in names]
-        chunks = await _off_loop(lambda: list(codec.encode_chunks(tensors, chunk_bytes)))
+        chunks = await _off_loop(lambda: list(codec.encode_chunk_messages(tensors, chunk_bytes)))
         header = paramserver.PullHeader(
             version=job.model.version,
             tensors=[codec.spec_of(n, t) for n, t in zip(names, tensors, strict=True)],
@@ -588,6 +597,35 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                         except StalwartError:
                             break
                         job.committed.notify_all()  # pulls wait for durable state
+
+
+def add_to_server(servicer: ParamServer, server) -> None:
+    """Register the servicer like the generated ``add_..._to_server``, except that
+    Pull's serializer also sends messages already serialized: the cached chunks
+    (``bytes`` from :func:`codec.encode_chunk_messages`), without a copy per pull."""
+
+    class _Capture:
+        def __init__(self):
+            self.service = ""
+            self.handlers: dict = {}
+
+        def add_generic_rpc_handlers(self, handlers) -> None:
+            pass
+
+        def add_registered_method_handlers(self, service, handlers) -> None:
+            self.service, self.handlers = service, dict(handlers)
+
+    capture = _Capture()
+    paramserver_grpc.add_ParamServerServiceServicer_to_server(servicer, capture)
+    handlers = capture.handlers
+    pull = handlers["Pull"]
+    handlers["Pull"] = pull._replace(
+        response_serializer=codec.passthrough(pull.response_serializer)
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(capture.service, handlers),)
+    )
+    server.add_registered_method_handlers(capture.service, handlers)
 
 
 def _model_identity(header: paramserver.ModelHeader) -> bytes:

@@ -496,3 +496,111 @@ def test_payload_crc_differs_for_different_payloads():
     assert crc_a != crc_b
     c = torch.zeros(5, 3)
     assert round_trip({"w": c})[1].payload_crc32c != crc_a
+
+
+# --- pre-serialized chunk messages, in-place CRCs, CRC combination ------------------
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 64, 1 << 20])
+def test_chunk_messages_are_byte_for_byte_what_protobuf_writes(chunk_bytes):
+    from stalwart.api import paramserver
+
+    tensors = [sample(torch.float32, (3, 7)), torch.zeros(0), sample(torch.int64, (300,), seed=1)]
+    fast = list(codec.encode_chunk_messages(tensors, chunk_bytes))
+    slow = [
+        paramserver.PushRequest(chunk=c).SerializeToString()
+        for c in codec.encode_chunks(tensors, chunk_bytes)
+    ]
+    assert fast == slow
+    # the same bytes parse as every streaming message that carries chunks
+    for cls in (
+        paramserver.PullResponse,
+        paramserver.RegisterModelRequest,
+        paramserver.ReplicatePushRequest,
+        paramserver.InstallStateRequest,
+    ):
+        parsed = [cls.FromString(m) for m in fast]
+        assert [p.chunk.SerializeToString() for p in parsed] == [
+            paramserver.PushRequest.FromString(m).chunk.SerializeToString() for m in slow
+        ]
+
+
+def test_chunk_message_fields_that_need_long_varints_and_zero_values():
+    from stalwart.api import paramserver
+
+    data = bytes(range(200)) * 700  # 140 000 bytes: a three-byte length
+    for index, offset, crc in [(0, 0, 0), (1, 1, 1), (300, 2**40 + 5, 0xFFFFFFFF)]:
+        want = paramserver.PushRequest(
+            chunk=common.TensorChunk(tensor_index=index, offset=offset, data=data, crc32c=crc)
+        ).SerializeToString()
+        assert codec.chunk_message(index, offset, memoryview(data), crc) == want
+    empty = paramserver.PushRequest(chunk=common.TensorChunk()).SerializeToString()
+    assert codec.chunk_message(0, 0, b"", 0) == empty == b"\x12\x00"
+
+
+def test_chunk_messages_round_trip_bitwise_and_a_flipped_byte_is_data_loss():
+    from stalwart.api import paramserver
+
+    t = sample(torch.float32, (64, 33))
+    messages = list(codec.encode_chunk_messages([t], 1000))
+    asm = assembler_for(t)
+    for m in messages:
+        asm.add(paramserver.PushRequest.FromString(m).chunk)
+    assert_bitwise(asm.finish()["t0"], t)
+    assert asm.payload_crc32c == google_crc32c.value(bytes(codec.byte_view(t)))
+
+    # flip one payload byte of the second message: refused, nothing placed
+    asm = assembler_for(t)
+    asm.add(paramserver.PushRequest.FromString(messages[0]).chunk)
+    bad = bytearray(messages[1])
+    bad[len(bad) // 2] ^= 0x01
+    with raises_kind(ErrorKind.CHECKSUM_MISMATCH) as info:
+        asm.add(paramserver.PushRequest.FromString(bytes(bad)).chunk)
+    assert info.value.kind.code.name == "DATA_LOSS"
+    for m in messages[1:]:
+        asm.add(paramserver.PushRequest.FromString(m).chunk)
+    assert_bitwise(asm.finish()["t0"], t)
+
+
+def test_add_returns_the_tensor_memory_the_chunk_filled():
+    t = sample(torch.int16, (10,))
+    asm = assembler_for(t)
+    chunks = chunks_of([t], 6)
+    placed = [bytes(asm.add(c)) for c in chunks]
+    assert placed == [c.data for c in chunks]
+
+
+def test_in_place_crc_of_tensor_memory_matches_the_copying_path():
+    t = sample(torch.float32, (1 << 20,))
+    view = codec.byte_view(t)
+    want = google_crc32c.value(bytes(view))
+    assert codec.crc32c(view) == want
+    assert codec.crc32c(view[5:77]) == google_crc32c.value(bytes(view[5:77]))
+    assert codec.crc32c(view[10:], codec.crc32c(view[:10])) == want
+    assert codec.crc32c(memoryview(bytes(view))) == want  # a read-only view
+    assert codec.crc32c(bytes(view[3:]), codec.crc32c(bytes(view[:3]))) == want
+
+
+def test_crc_of_a_tensor_view_without_the_native_library(monkeypatch):
+    monkeypatch.setattr(codec, "_EXTEND", None)
+    t = sample(torch.float64, (codec.DEFAULT_CHUNK_BYTES // 8 + 9,))
+    assert codec.crc32c(codec.byte_view(t)) == google_crc32c.value(bytes(codec.byte_view(t)))
+
+
+@pytest.mark.parametrize(
+    "len_a,len_b", [(0, 0), (0, 9), (9, 0), (1, 1), (1000, 3), (17, 1 << 22), (5, (1 << 22) - 3)]
+)
+def test_crc32c_combine_equals_the_crc_of_the_concatenation(len_a, len_b):
+    g = torch.Generator().manual_seed(len_a * 31 + len_b)
+    a = bytes(torch.randint(0, 256, (len_a,), generator=g, dtype=torch.uint8).numpy())
+    b = bytes(torch.randint(0, 256, (len_b,), generator=g, dtype=torch.uint8).numpy())
+    got = codec.crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), len_b)
+    assert got == google_crc32c.value(a + b)
+
+
+def test_passthrough_serializer_sends_bytes_as_they_are():
+    spec = common.TensorSpec(name="w", dtype=common.DTYPE_FLOAT32, shape=[2])
+    serialize = codec.passthrough(common.TensorSpec.SerializeToString)
+    raw = b"\x12\x00"
+    assert serialize(raw) is raw
+    assert serialize(spec) == spec.SerializeToString()
