@@ -8,15 +8,10 @@ message of the API) with one copy straight from the tensor, where building the
 protobuf objects and serializing them took three. Decoding checks every chunk's
 CRC *before* copying it anywhere and checks sizes against limits *before*
 allocating, so a corrupt or oversize stream is refused with nothing applied.
-
-CRC32Cs of memory that is not a ``bytes`` object (tensor slices) are taken in
-place through the native library that ships with ``google_crc32c``, without the
-GIL; where it cannot be loaded, a bounded copy at a time, as before.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import sys
@@ -24,11 +19,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
-import numpy as np
 import torch
 
 from stalwart.api import common
+from stalwart.crc import crc32c
 from stalwart.errors import ErrorKind, StalwartError
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
@@ -64,41 +58,6 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
-
-
-def _native_extend():
-    """``crc32c_extend(crc, pointer, length)`` of the library google_crc32c bundles, or None."""
-    from pathlib import Path
-
-    here = Path(google_crc32c.__file__).resolve().parent
-    candidates = sorted(here.parent.glob("google_crc32c.libs/libcrc32c*.so*"))
-    for path in candidates:
-        try:
-            fn = ctypes.CDLL(str(path)).crc32c_extend
-        except (OSError, AttributeError):
-            continue
-        fn.restype = ctypes.c_uint32
-        fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
-        if fn(0, b"123456789", 9) == 0xE3069283:  # the CRC32C check value
-            return fn
-    return None
-
-
-_EXTEND = _native_extend()
-
-
-def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
-    """CRC32C of ``data`` (continuing ``crc``), without copying it."""
-    if isinstance(data, bytes):
-        return google_crc32c.extend(crc, data) if crc else google_crc32c.value(data)
-    if _EXTEND is not None:
-        array = np.frombuffer(data, dtype=np.uint8)  # a view: keeps the memory alive
-        return _EXTEND(crc, array.ctypes.data, array.size) if array.size else crc
-    # the C extension takes only read-only buffers without a release hook (bytes),
-    # so a memoryview is checksummed a bounded slice at a time
-    for offset in range(0, len(data), DEFAULT_CHUNK_BYTES):
-        crc = google_crc32c.extend(crc, bytes(data[offset : offset + DEFAULT_CHUNK_BYTES]))
-    return crc
 
 
 _CRC32C_POLY = 0x82F63B78  # reflected Castagnoli polynomial

@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote
 
-import google_crc32c
-
+from stalwart.crc import crc32c  # noqa: F401 - the stores' checksum, re-exported
 from stalwart.errors import ErrorKind, StalwartError
 
 # --------------------------------------------------------------------------- URLs
@@ -171,23 +170,6 @@ _HASH_RE = re.compile(r"[0-9a-f]{64}")
 def chunk_hash(data: bytes | bytearray | memoryview) -> str:
     """The content address of a chunk: lowercase hex SHA-256."""
     return hashlib.sha256(data).hexdigest()
-
-
-# google_crc32c takes only bytes-like objects that need no buffer release, so a
-# memoryview is fed through in pieces this big: a copy that stays in cache, where
-# one copy of a whole (multi-MiB) buffer would cost more than the CRC itself.
-_CRC_PIECE_BYTES = 64 * 1024
-
-
-def crc32c(data: bytes | bytearray | memoryview) -> int:
-    """CRC32C (Castagnoli) of ``data``, as carried next to each wire chunk."""
-    if not isinstance(data, memoryview):
-        return google_crc32c.value(data)
-    view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
-    crc = 0
-    for start in range(0, len(view), _CRC_PIECE_BYTES):
-        crc = google_crc32c.extend(crc, bytes(view[start : start + _CRC_PIECE_BYTES]))
-    return crc
 
 
 def check_hash(value: str) -> str:

@@ -570,7 +570,7 @@ def test_add_returns_the_tensor_memory_the_chunk_filled():
     assert placed == [c.data for c in chunks]
 
 
-def test_in_place_crc_of_tensor_memory_matches_the_copying_path():
+def test_crc_of_tensor_memory_matches_the_crc_of_its_bytes():
     t = sample(torch.float32, (1 << 20,))
     view = codec.byte_view(t)
     want = google_crc32c.value(bytes(view))
@@ -579,12 +579,6 @@ def test_in_place_crc_of_tensor_memory_matches_the_copying_path():
     assert codec.crc32c(view[10:], codec.crc32c(view[:10])) == want
     assert codec.crc32c(memoryview(bytes(view))) == want  # a read-only view
     assert codec.crc32c(bytes(view[3:]), codec.crc32c(bytes(view[:3]))) == want
-
-
-def test_crc_of_a_tensor_view_without_the_native_library(monkeypatch):
-    monkeypatch.setattr(codec, "_EXTEND", None)
-    t = sample(torch.float64, (codec.DEFAULT_CHUNK_BYTES // 8 + 9,))
-    assert codec.crc32c(codec.byte_view(t)) == google_crc32c.value(bytes(codec.byte_view(t)))
 
 
 @pytest.mark.parametrize(
