@@ -65,9 +65,7 @@ async def run(settings: CoordinatorSettings) -> None:
     probe = dataclasses.replace(channels, retry_unavailable=False)
     links = ReplicaLinks(lambda a: open_channel(a, probe, token))
     watch = ParamWatch(control, links, settings.paramserver_unreachable_polls)
-    node_probe = NodeProbe(
-        control, lambda a: open_channel(a, probe, token), settings.heartbeat_interval_seconds
-    )
+    node_probe = NodeProbe(control, links.channel, settings.heartbeat_interval_seconds)
     checkpoint_links = ReplicaLinks(lambda a: open_channel(a, channels, token))
     checkpoints = Checkpoints(control, checkpoint_links.stub, watch.group, settings)
     control.checkpoints = checkpoints
@@ -120,7 +118,7 @@ async def run(settings: CoordinatorSettings) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(links.close(), checkpoint_links.close(), node_probe.close())
+        await asyncio.gather(links.close(), checkpoint_links.close())
         await asyncio.to_thread(checkpoints.close)
         store.close()
 

@@ -35,13 +35,13 @@ class NodeProbe:
     def __init__(
         self,
         control: Control,
-        open_channel: Callable[[str], grpc.aio.Channel],
+        channel: Callable[[str], grpc.aio.Channel],
         heartbeat_interval_s: float,
     ) -> None:
+        """``channel(address)``: a cached channel without transparent retries."""
         self.control = control
-        self._open = open_channel
+        self._channel = channel
         self.silent_after_s = SILENT_HEARTBEATS * heartbeat_interval_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def round(self) -> None:
         """Probe every silent trainer; declare dead those whose port refuses connections."""
@@ -77,12 +77,3 @@ class NodeProbe:
         except grpc.RpcError as exc:
             return exc.code() is grpc.StatusCode.UNAVAILABLE
         return False
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        if address not in self._channels:
-            self._channels[address] = self._open(address)
-        return self._channels[address]
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
-        self._channels.clear()

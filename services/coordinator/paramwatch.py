@@ -35,10 +35,14 @@ class ReplicaLinks:
         self._open = open_channel
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def stub(self, address: str) -> paramserver_grpc.ParamServerServiceStub:
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The cached channel to ``address`` (also used to probe other nodes' health)."""
         if address not in self._channels:
             self._channels[address] = self._open(address)
-        return paramserver_grpc.ParamServerServiceStub(self._channels[address])
+        return self._channels[address]
+
+    def stub(self, address: str) -> paramserver_grpc.ParamServerServiceStub:
+        return paramserver_grpc.ParamServerServiceStub(self.channel(address))
 
     async def status(self, address: str) -> paramserver.GetReplicaStatusResponse:
         return await self._call(address, "GetReplicaStatus", paramserver.GetReplicaStatusRequest(),
