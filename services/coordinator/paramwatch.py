@@ -156,7 +156,11 @@ class ParamWatch:
             if shard in c.lost_groups:
                 continue  # restored from a checkpoint (checkpoints.py), never promoted empty
             primary_id = c.groups.get(shard, ("", 0))[0]
-            out += [(shard, d) for d in promotion.decide(self.group(shard), primary_id)]
+            committed = frozenset(
+                j.job_id for j in c.jobs.values()
+                if not j.finished and shard < j.num_shards and j.step > 0
+            )  # fmt: skip
+            out += [(shard, d) for d in promotion.decide(self.group(shard), primary_id, committed)]
         return out
 
     def _progress(self) -> None:

@@ -77,8 +77,11 @@ def live_primary(group: Sequence[ReplicaView]) -> ReplicaView | None:
     return max(primaries, key=lambda r: r.epoch, default=None)
 
 
-def decide(group: Sequence[ReplicaView], primary_id: str) -> list[Decision]:
-    """What to do for one shard group whose recorded primary is ``primary_id``."""
+def decide(
+    group: Sequence[ReplicaView], primary_id: str, committed: frozenset[str] = frozenset()
+) -> list[Decision]:
+    """What to do for one shard group whose recorded primary is ``primary_id``;
+    ``committed``: jobs with committed steps on this group (their state exists)."""
     primary = live_primary(group)
     if primary is not None:
         return list(_add_backups(group, primary))
@@ -87,15 +90,20 @@ def decide(group: Sequence[ReplicaView], primary_id: str) -> list[Decision]:
         return []  # recorded primary alive but not (yet) polled as primary: wait
     if not primary_id:
         return []  # no primary known yet (replicas still starting): never promote blindly
-    return [choose_promotion(group)]
+    return [choose_promotion(group, committed)]
 
 
-def choose_promotion(group: Sequence[ReplicaView]) -> Promote | GroupLost:
+def choose_promotion(
+    group: Sequence[ReplicaView], committed: frozenset[str] = frozenset()
+) -> Promote | GroupLost:
     candidates = [r for r in group if r.alive and r.role == "backup"]
     # A backup that holds none of the jobs the group served (a fresh replica
     # started after every old one died) must not become primary: it would
     # serve empty state. The group is lost; a checkpoint restore handles it.
-    served = {j for r in group if not r.alive for j in r.versions}
+    # What the dead replicas held is known from polls only to the leader that
+    # made them; jobs with committed steps are known from the stored jobs, so a
+    # leader elected after the deaths still knows the group served them.
+    served = {j for r in group if not r.alive for j in r.versions} | set(committed)
     if served:
         candidates = [r for r in candidates if served & set(r.versions)]
     if not candidates:

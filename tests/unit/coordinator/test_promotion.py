@@ -101,6 +101,19 @@ def test_a_fresh_backup_without_the_groups_jobs_is_never_promoted() -> None:
     assert isinstance(decision, GroupLost)
 
 
+def test_a_new_leader_does_not_promote_a_fresh_replica_over_committed_jobs() -> None:
+    # elected after the old pair died: it never polled them, so their views hold no
+    # versions; the stored job with committed steps says the group served it
+    group = [
+        ReplicaView("old-p", "a:1", False),
+        ReplicaView("old-b", "a:2", False),
+        ReplicaView("new", "a:3", True, "backup", 1, {}),
+    ]
+    assert decide(group, "old-p") == [Promote("new", "a:3", 2, ())]  # nothing known
+    (decision,) = decide(group, "old-p", frozenset({"j"}))
+    assert isinstance(decision, GroupLost)
+
+
 def quarantined(node_id, role, **kw):
     view = r(node_id, role, alive=False, **kw)
     return ReplicaView(*[getattr(view, f) for f in ("node_id", "address", "alive", "role",
