@@ -218,6 +218,7 @@ class ServiceRunner:
         on_shutdown: ShutdownHook | None = None,
         *,
         initially_serving: bool = True,
+        services_ready_at_start: bool = True,
     ) -> None:
         self.settings = settings
         self.service_names = list(service_names)
@@ -225,6 +226,9 @@ class ServiceRunner:
         self._register = register
         self._on_shutdown = on_shutdown
         self._initially_serving = initially_serving
+        # False: each service name starts NOT_SERVING (not ready: a standby, a backup)
+        # while "" reports the process alive; the service flips its names itself.
+        self._services_ready_at_start = services_ready_at_start
         self._server: grpc.aio.Server | None = None
         self._metrics_httpd: Any = None
         self._stop = asyncio.Event()
@@ -251,7 +255,9 @@ class ServiceRunner:
         self.port = _bind(server, self.settings)
         await server.start()
         self._server = server
-        await self.set_serving(self._initially_serving)
+        await self.set_serving(self._initially_serving, "")
+        for name in self.service_names:
+            await self.set_serving(self._initially_serving and self._services_ready_at_start, name)
         self._start_metrics()
         self._write_ready()
         self._log.info(

@@ -91,13 +91,21 @@ async def run(settings: CoordinatorSettings) -> None:
         ),
         [SERVICE_NAME],
         on_shutdown=lambda: _hand_over(holder["election"]),
+        services_ready_at_start=False,  # ready (for probes, balancers) only while leading
     )
+
+    async def lead(epoch: int) -> None:
+        await control.take_over(epoch)
+        await runner.set_serving(True, SERVICE_NAME)
+
+    def follow() -> None:
+        control.stand_down()
+        asyncio.ensure_future(runner.set_serving(False, SERVICE_NAME))
+
     # The election needs the bound address, the servicer needs the election:
     # build the election first with the address filled in after binding.
     leases = await _open_leases(settings.lease_url) if settings.lease_url else None
-    election = Election(
-        state, leader, "", settings, control.take_over, control.stand_down, leases=leases
-    )
+    election = Election(state, leader, "", settings, lead, follow, leases=leases)
     metrics.watch(control)
     holder["election"] = election
     control.on_fenced = election.fenced

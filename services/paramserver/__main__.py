@@ -64,16 +64,19 @@ async def run(settings: ParamServerSettings) -> None:
         settings,
         lambda server: add_to_server(servicer, server),
         [SERVICE_NAME],
+        services_ready_at_start=False,  # set from the replica's role once serving
     )
 
     def on_role_change(role: Role) -> None:
-        # A fenced replica serves nothing: health says so, so probes and
-        # load balancers stop sending it work.
-        asyncio.ensure_future(runner.set_serving(role is not Role.FENCED, SERVICE_NAME))
+        # Ready only as primary: a backup takes no client calls and a fenced replica
+        # serves nothing, so readiness probes and balancers send them no work. The
+        # process itself stays alive (the "" name), and a backup still replicates.
+        asyncio.ensure_future(runner.set_serving(role is Role.PRIMARY, SERVICE_NAME))
 
     servicer.on_role_change = on_role_change
     metrics.watch(servicer)
     await runner.start()
+    on_role_change(servicer.replica.role)
     resync = asyncio.create_task(servicer.resync_forever())
     registration = (
         Registration(settings, settings.advertise_address or runner.address)

@@ -217,3 +217,13 @@ def test_durable_tier_is_a_named_volume(compose: dict) -> None:
         if isinstance(v, str) and v.startswith("file://")
     ]  # fmt: skip
     assert urls and all(u.startswith("file:///var/lib/stalwart/checkpoints") for u in urls)
+
+
+def test_trainers_and_coordinators_reach_the_health_service(compose: dict) -> None:
+    """Without the address trainers send no telemetry and coordinators read no risk."""
+    health = compose["services"]["health"]
+    port = health["environment"].get("STALWART_PORT") or compose["x-stalwart-env"]["STALWART_PORT"]
+    want = f"health:{port}"
+    for name, spec in compose["services"].items():
+        if _role(spec) in ("trainer", "coordinator") and name != "cli":
+            assert spec["environment"].get("STALWART_HEALTH") == want, name

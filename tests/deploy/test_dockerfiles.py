@@ -140,3 +140,17 @@ def test_hadolint_clean() -> None:
 def test_dockerignore_keeps_generated_and_local_state_out() -> None:
     lines = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", "stalwart/v1", "runs"} <= lines
+
+
+def test_builds_without_pulling_a_frontend(dockerfile: Dockerfile) -> None:
+    """A `# syntax=` line makes BuildKit pull a frontend image; nothing can be pulled."""
+    first = dockerfile.text.lstrip().splitlines()[0]
+    assert not first.lower().replace(" ", "").startswith("#syntax="), first
+
+
+def test_user_and_group_are_both_10001(dockerfile: Dockerfile) -> None:
+    """k8s runs the pods as uid 10001 with fsGroup 10001: the image's group must match."""
+    text = dockerfile.text
+    assert "groupadd --system --gid 10001 stalwart" in text
+    assert "useradd --system --uid 10001 --gid 10001" in text
+    assert "USER 10001" in text

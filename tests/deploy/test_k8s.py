@@ -200,3 +200,42 @@ def test_env_matches_settings_and_refs_exist(docs: list[dict]) -> None:
                 continue
             unknown = unknown_env(_app(w), names)
             assert not unknown, f"{_app(w)} has no settings for {sorted(unknown or [])}"
+
+
+#: The gRPC service each role reports ready only while it may take client calls.
+READY_SERVICE = {
+    "coordinator": "stalwart.v1.CoordinatorService",  # the leader only
+    "paramserver": "stalwart.v1.ParamServerService",  # the primary only
+}
+
+
+def test_readiness_is_the_services_own_name_and_liveness_the_process(docs: list[dict]) -> None:
+    for w in _of(docs, *WORKLOADS):
+        want = READY_SERVICE.get(_app(w))
+        if want is None:
+            continue
+        (c,) = _containers(w)
+        assert c["readinessProbe"]["grpc"].get("service") == want, c["name"]
+        liveness = c["livenessProbe"].get("grpc") or c["livenessProbe"].get("tcpSocket")
+        assert not liveness.get("service"), f"{c['name']}: a standby must stay alive"
+
+
+def test_paramserver_backups_stay_resolvable_while_not_ready(docs: list[dict]) -> None:
+    """The primary replicates to backups by name; a backup is never ready."""
+    for svc in _of(docs, "Service"):
+        if svc["spec"]["selector"].get("app.kubernetes.io/name") == "paramserver":
+            assert svc["spec"].get("publishNotReadyAddresses") is True, svc["metadata"]["name"]
+
+
+def test_trainers_and_coordinators_are_told_where_the_health_service_is(
+    docs: list[dict],
+) -> None:
+    (svc,) = (s for s in _of(docs, "Service") if s["metadata"]["name"] == "health")
+    ports = {p["port"] for p in svc["spec"]["ports"]}
+    for w in _of(docs, *WORKLOADS):
+        if _app(w) not in ("trainer", "coordinator"):
+            continue
+        (c,) = _containers(w)
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        host, port = env["STALWART_HEALTH"].split(":")
+        assert host.split(".")[0] == "health" and int(port) in ports, w["metadata"]["name"]

@@ -218,12 +218,12 @@ async def assert_same_state(
     return first
 
 
-async def health_status(address: str) -> int:
-    """grpc.health.v1 status of the paramserver service at ``address``."""
+async def health_status(address: str, service: str = SERVICE) -> int:
+    """grpc.health.v1 status of ``service`` (default the paramserver's) at ``address``."""
     channel = open_channel(address)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
-        reply = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=5)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         return reply.status
     finally:
         await channel.close()
