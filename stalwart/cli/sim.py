@@ -34,19 +34,32 @@ def ettr(
     failures: str = typer.Option("llama3", help="llama3 | meta | trace"),
     strategies: str = typer.Option("restart-all,torchft,stalwart,stalwart+drain"),
     standbys: int = typer.Option(2, min=0, help="warm standby nodes (Stalwart)"),
-    refill: str = typer.Option("scheduler", help="scheduler | repair: where a used standby comes back from"),
-    precursor_share: float = typer.Option(0.3, min=0.0, max=1.0,
-                                          help="share of precursor-kind failures that show one"),
-    recall: float = typer.Option(None, min=0.0, max=1.0, help="predictor recall (default: measured)"),
+    refill: str = typer.Option(
+        "scheduler", help="scheduler | repair: where a used standby comes back from"
+    ),
+    precursor_share: float = typer.Option(
+        0.3, min=0.0, max=1.0, help="share of precursor-kind failures that show one"
+    ),
+    recall: float = typer.Option(
+        None, min=0.0, max=1.0, help="predictor recall (default: measured)"
+    ),
     gray_per_failure: float = typer.Option(0.25, min=0.0, help="gray failures per hard failure"),
-    recovery_json: Path = typer.Option(None, "--recovery", help="stalwart bench recovery -o json", **_JSON),
+    recovery_json: Path = typer.Option(
+        None, "--recovery", help="stalwart bench recovery -o json", **_JSON
+    ),
     ddp_json: Path = typer.Option(None, "--ddp", help="stalwart bench ddp -o json", **_JSON),
-    overhead_json: Path = typer.Option(None, "--overhead", help="stalwart bench overhead -o json", **_JSON),
+    overhead_json: Path = typer.Option(
+        None, "--overhead", help="stalwart bench overhead -o json", **_JSON
+    ),
     ckpt_json: Path = typer.Option(None, "--ckpt", help="stalwart bench ckpt -o json", **_JSON),
     ckpt_store: str = typer.Option("shm", help="which backend of the ckpt JSON"),
-    health_json: Path = typer.Option(None, "--health", help="health eval -o json, or {precision, recall, lead_time_h}", **_JSON),
+    health_json: Path = typer.Option(
+        None, "--health", help="health eval -o json, or {precision, recall, lead_time_h}", **_JSON
+    ),
     html: Path = typer.Option(None, help="also write the picture: self-contained HTML"),
-    sensitivity: int = typer.Option(0, min=0, help="GPU count for the sensitivity sweeps (0: none)"),
+    sensitivity: int = typer.Option(
+        0, min=0, help="GPU count for the sensitivity sweeps (0: none)"
+    ),
     anchors: bool = typer.Option(True, help="the Llama 3 and ByteRobust sanity runs"),
     output: Output = OUTPUT_OPTION,
 ) -> None:
@@ -59,15 +72,18 @@ def ettr(
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
     bad = [n for n in names if n not in sim.STRATEGIES]
     if bad or not names:
-        fail(f"unknown strategy {bad or strategies!r}; have {', '.join(sim.STRATEGIES)}",
-             ExitCode.INVALID_INPUT)
+        fail(
+            f"unknown strategy {bad or strategies!r}; have {', '.join(sim.STRATEGIES)}",
+            ExitCode.INVALID_INPUT,
+        )
     if failures not in FAILURE_SOURCES:
         fail(f"--failures must be one of {', '.join(FAILURE_SOURCES)}", ExitCode.INVALID_INPUT)
     if refill not in ("scheduler", "repair"):
         fail("--refill must be scheduler or repair", ExitCode.INVALID_INPUT)
     try:
-        measured = sim.load(recovery_json, ddp_json, overhead_json, ckpt_json, health_json,
-                            ckpt_store)
+        measured = sim.load(
+            recovery_json, ddp_json, overhead_json, ckpt_json, health_json, ckpt_store
+        )
     except sim.InputError as exc:
         fail(str(exc), ExitCode.INVALID_INPUT)
     try:
@@ -77,10 +93,19 @@ def ettr(
             fail(str(exc), ExitCode.INVALID_INPUT)
         print(f"note: {exc}; repair times use built-in defaults", file=sys.stderr)
         fit = None
-    cfg = sim.SimConfig(gpus=_gpus(gpus), days=days, seeds=seeds, seed=seed, failures=failures,
-                        strategies=names, standbys=standbys, refill=refill,
-                        precursor_share=precursor_share, recall=recall,
-                        gray_per_failure=gray_per_failure)
+    cfg = sim.SimConfig(
+        gpus=_gpus(gpus),
+        days=days,
+        seeds=seeds,
+        seed=seed,
+        failures=failures,
+        strategies=names,
+        standbys=standbys,
+        refill=refill,
+        precursor_share=precursor_share,
+        recall=recall,
+        gray_per_failure=gray_per_failure,
+    )
     doc = sim.run.document(cfg, measured, fit, anchors, sensitivity or None)
     if html:
         html.write_text(render.html_report(doc))
@@ -91,9 +116,17 @@ def _tables(doc: dict) -> None:
     from stalwart.sim import render
 
     print(doc["summary"])
-    emit_table("ETTR and effective throughput per strategy", render.RESULT_HEADERS,
-               render.result_rows(doc["results"]))
+    emit_table(
+        "ETTR and effective throughput per strategy",
+        render.RESULT_HEADERS,
+        render.result_rows(doc["results"]),
+    )
     if doc["anchors"]:
-        emit_table("sanity against published results", ["anchor", "GPUs", "published", "simulated"],
-                   [(a["anchor"], f"{a['gpus']:,}", a["published"], f"{a['simulated_ettr']:.2%}")
-                    for a in doc["anchors"]])
+        emit_table(
+            "sanity against published results",
+            ["anchor", "GPUs", "published", "simulated"],
+            [
+                (a["anchor"], f"{a['gpus']:,}", a["published"], f"{a['simulated_ettr']:.2%}")
+                for a in doc["anchors"]
+            ],
+        )

@@ -8,5 +8,15 @@ from stalwart.sim.inputs import InputError, Measured, load
 from stalwart.sim.run import STRATEGIES, SimConfig, anchors, sensitivity, simulate
 from stalwart.sim.trace import TraceMissing, load_fit
 
-__all__ = ["STRATEGIES", "InputError", "Measured", "SimConfig", "TraceMissing", "anchors",
-           "load", "load_fit", "sensitivity", "simulate"]
+__all__ = [
+    "STRATEGIES",
+    "InputError",
+    "Measured",
+    "SimConfig",
+    "TraceMissing",
+    "anchors",
+    "load",
+    "load_fit",
+    "sensitivity",
+    "simulate",
+]

@@ -93,7 +93,11 @@ def load(recovery: Path | None = None, ddp: Path | None = None, overhead: Path |
     d, a = defaults.MEASURED, defaults.ASSUMED
     sources = {k: f"{v['command']} ({v['date']}, commit {v['commit'][:10]})" for k, v in d.items()}
     sources["ddp"] = "assumed (no stalwart bench ddp figure)"
-    det, take, promo = d["recovery"]["detection_s"], d["recovery"]["trainer_s"], d["recovery"]["paramserver_s"]
+    det, take, promo = (
+        d["recovery"]["detection_s"],
+        d["recovery"]["trainer_s"],
+        d["recovery"]["paramserver_s"],
+    )
     ratio, restart, stall = d["overhead"]["ratio"], a["ddp_restart_s"], d["ckpt"]["stall_fraction"]
     prec, rec, lead = d["health"]["precision"], d["health"]["recall"], d["health"]["lead_time_h"]
     if (doc := _read(recovery)) is not None:

@@ -64,7 +64,10 @@ assert sum(c.count for c in LLAMA3_CAUSES) == 419
 # the 16k-GPU research cluster, and the MTTF the paper projects from it for large jobs.
 META_SOURCE = "Kokolis et al., arXiv:2410.21680 (HPCA 2025), RSC-1"
 META_FAILURES_PER_1000_NODE_DAYS = 6.50
-META_MTTF_PROJECTED_H = {16_384: 1.8, 131_072: 0.23}  # GPUs -> hours; our rate model reproduces these
+META_MTTF_PROJECTED_H = {
+    16_384: 1.8,
+    131_072: 0.23,
+}  # GPUs -> hours; our rate model reproduces these
 
 # Robust LLM Training Infrastructure at ByteDance (ByteRobust, arXiv:2509.16293, SOSP 2025):
 # 97% ETTR for a three-month training job on 9,600 GPUs.

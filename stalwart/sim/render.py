@@ -50,15 +50,19 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel: str
                    f'{x:,g}</text><line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{PAD_T}" '
                    f'y2="{PAD_T + ph}" stroke="#eee"/>')  # fmt: skip
     out.append(f'<text x="{PAD_L + pw / 2}" y="{H - 6}" text-anchor="middle">{_esc(xlabel)}</text>')
-    out.append(f'<text transform="translate(14,{PAD_T + ph / 2}) rotate(-90)" '
-               f'text-anchor="middle">{_esc(ylabel)}</text>')
+    out.append(
+        f'<text transform="translate(14,{PAD_T + ph / 2}) rotate(-90)" '
+        f'text-anchor="middle">{_esc(ylabel)}</text>'
+    )
     for k, (name, pts) in enumerate(series.items()):
         color = COLORS.get(name, ["#7d3c98", "#566573", "#b7950b"][k % 3])
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2.5"/>')
         for x, y in pts:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}">'
-                       f'<title>{_esc(name)}: {y:.2%} at {x:,g}</title></circle>')
+            out.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}">'
+                f"<title>{_esc(name)}: {y:.2%} at {x:,g}</title></circle>"
+            )
         ly = PAD_T + 14 + k * 18
         out.append(f'<line x1="{W - PAD_R + 10}" x2="{W - PAD_R + 30}" y1="{ly}" y2="{ly}" '
                    f'stroke="{color}" stroke-width="3"/><text x="{W - PAD_R + 35}" y="{ly + 4}">'
@@ -110,9 +114,21 @@ def html_report(doc: dict) -> str:
              _table(RESULT_HEADERS, result_rows(rows))]  # fmt: skip
     if doc.get("anchors"):
         parts.append("<h2>Sanity against published results</h2>")
-        parts.append(_table(["anchor", "GPUs", "published", "simulated ETTR", "source"],
-                            [[a["anchor"], f"{a['gpus']:,}", a["published"],
-                              f"{a['simulated_ettr']:.2%}", a["source"]] for a in doc["anchors"]]))
+        parts.append(
+            _table(
+                ["anchor", "GPUs", "published", "simulated ETTR", "source"],
+                [
+                    [
+                        a["anchor"],
+                        f"{a['gpus']:,}",
+                        a["published"],
+                        f"{a['simulated_ettr']:.2%}",
+                        a["source"],
+                    ]
+                    for a in doc["anchors"]
+                ],
+            )
+        )
     if doc.get("sensitivity"):
         parts.append(_sensitivity(doc["sensitivity"]))
     parts.append("<h2>Inputs</h2><pre>" + _esc(json.dumps(doc["inputs"], indent=1)) + "</pre>")

@@ -143,7 +143,8 @@ def sensitivity(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, gpus: i
     def ettr(c: SimConfig, name: str) -> dict:
         row = run_one(c, m, model, gpus, (name,))[0]
         return {k: row[k] for k in ("ettr", "effective_throughput")} | (
-            {"pool_empty_share": row["pool_empty_share"]} if "pool_empty_share" in row else {})
+            {"pool_empty_share": row["pool_empty_share"]} if "pool_empty_share" in row else {}
+        )
 
     repair = dataclasses.replace(cfg, refill="repair")
     pool = [{"standbys": k, **ettr(dataclasses.replace(repair, standbys=k), "stalwart")}
@@ -153,9 +154,12 @@ def sensitivity(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, gpus: i
                 for n in ("restart-all", "torchft", "stalwart") for s in INTERVAL_SCALES]  # fmt: skip
     recall = [{"recall": r, **ettr(dataclasses.replace(repair, recall=r, standbys=8), "stalwart+drain")}
               for r in RECALLS]  # fmt: skip
-    return {"gpus": gpus, "pool_size_refill_by_repair": pool,
-            "checkpoint_interval_vs_young_daly": interval,
-            "predictor_recall_refill_by_repair_8_standbys": recall}
+    return {
+        "gpus": gpus,
+        "pool_size_refill_by_repair": pool,
+        "checkpoint_interval_vs_young_daly": interval,
+        "predictor_recall_refill_by_repair_8_standbys": recall,
+    }
 
 
 # --- the whole document -------------------------------------------------------------------

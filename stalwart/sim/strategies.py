@@ -33,7 +33,9 @@ class Common:
     model: failures.FailureModel
     seed: int
     replace_s: float = 120.0  # the scheduler swaps a failed node for a spare
-    sdc_detect_s: float = 2 * 3600.0  # silent corruption noticed (loss spike, NaN) without our checks
+    sdc_detect_s: float = (
+        2 * 3600.0
+    )  # silent corruption noticed (loss spike, NaN) without our checks
     gray_detect_s: float = 1800.0  # a slow node found by dashboards / straggler tools
     crash_detect_s: float = 30.0  # a dead rank noticed by the launcher
     hang_detect_s: float = 600.0  # collective timeout (PyTorch's default NCCL timeout)
@@ -55,7 +57,9 @@ class Strategy:
         self.gray: dict[int, float] = {}  # node -> slowdown, while undetected and slow
         self.counts: Counter = Counter()
         self.gen = 0  # checkpoint generation: a rollback makes scheduled checkpoints stale
-        self.ckpt_cost = common.ckpt_s if common.ckpt_s is not None else scaling.checkpoint_s(self.w)
+        self.ckpt_cost = (
+            common.ckpt_s if common.ckpt_s is not None else scaling.checkpoint_s(self.w)
+        )
         self.tau = self._interval()
 
     # --- checkpoints --------------------------------------------------------------

@@ -117,7 +117,7 @@ def fit(events: list[dict]) -> TraceFit:
     days = max(ev["event_time"] for ev in events)  # the window runs from day 0
     gpu_hours = SERVERS * published.TRACE_GPUS_PER_SERVER * days * 24
     starts = [f[0] for f in faults]
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     counts = Counter(_cause_of(f[2]) for f in faults)
     causes = tuple(
         published.Cause(name, n, manifest, scope, pre)
