@@ -142,14 +142,14 @@ def _sensitivity(s: dict) -> str:
     interval: dict[str, list[tuple[float, float]]] = {}
     for r in s["checkpoint_interval_vs_young_daly"]:
         interval.setdefault(r["strategy"], []).append((r["scale"], r["ettr"]))
-    recall = s["predictor_recall_refill_by_repair_8_standbys"]
+    recall = s["predictor_recall"]
     return "".join([
         f"<h2>Sensitivity at {n}</h2>",
         _chart("Standby pool (refilled by repair)",
                {"stalwart": [(max(r["standbys"], 0.5), r["ettr"]) for r in pool]},
                "standby nodes (0 drawn at 0.5; log)", "ETTR", log_x=True),
         _chart("Checkpoint interval", interval, "× Young–Daly interval (log)", "ETTR", log_x=True),
-        _chart("Predictor recall (8 standbys, repair)",
+        _chart("Predictor recall (drain on)",
                {"stalwart+drain": [(r["recall"], r["ettr"]) for r in recall]},
                "recall on failures with a precursor", "ETTR"),
     ])  # fmt: skip

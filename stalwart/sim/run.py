@@ -152,13 +152,13 @@ def sensitivity(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, gpus: i
     interval = [{"scale": s, "strategy": n,
                  **ettr(dataclasses.replace(cfg, common={**cfg.common, "ckpt_interval_scale": s}), n)}
                 for n in ("restart-all", "torchft", "stalwart") for s in INTERVAL_SCALES]  # fmt: skip
-    recall = [{"recall": r, **ettr(dataclasses.replace(repair, recall=r, standbys=8), "stalwart+drain")}
+    recall = [{"recall": r, **ettr(dataclasses.replace(cfg, recall=r), "stalwart+drain")}
               for r in RECALLS]  # fmt: skip
     return {
         "gpus": gpus,
         "pool_size_refill_by_repair": pool,
         "checkpoint_interval_vs_young_daly": interval,
-        "predictor_recall_refill_by_repair_8_standbys": recall,
+        "predictor_recall": recall,
     }
 
 
