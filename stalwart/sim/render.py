@@ -16,16 +16,26 @@ def _esc(text) -> str:
     return html.escape(str(text))
 
 
+DASHED = {"stalwart+drain"}  # drawn dashed on top: it often lies on the plain stalwart line
+
+
+def _nice_range(lo: float, hi: float) -> tuple[float, float, float]:
+    """Round the y range out to a tick step of 1, 2 or 5 x 10^k, at most 7 ticks."""
+    span = max(hi - lo, 1e-3)
+    for step in (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0):
+        if span / step <= 6:
+            break
+    return math.floor(lo / step) * step, math.ceil(hi / step) * step, step
+
+
 def _chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str,
            log_x: bool = False, y_range: tuple[float, float] | None = None,
-           percent: bool = True) -> str:  # fmt: skip
+           percent: bool = True, x_names: dict[float, str] | None = None) -> str:  # fmt: skip
     xs = [x for pts in series.values() for x, _ in pts]
     ys = [y for pts in series.values() for _, y in pts]
     fx = (lambda v: math.log10(max(v, 1e-9))) if log_x else (lambda v: v)
     x0, x1 = fx(min(xs)), fx(max(xs))
-    y0, y1 = y_range or (min(ys), max(ys))
-    if y1 - y0 < 1e-9:
-        y0, y1 = y0 - 0.01, y1 + 0.01
+    y0, y1, step = _nice_range(*(y_range or (min(ys), min(1.0, max(ys)))))
     x1 = x1 if x1 > x0 else x0 + 1
     pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
 
@@ -39,15 +49,15 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel: str
            f'font-family="sans-serif" font-size="11">',
            f'<text x="{W / 2 - PAD_R / 2}" y="18" text-anchor="middle" font-size="13" '
            f'font-weight="bold">{_esc(title)}</text>']  # fmt: skip
-    for i in range(6):
-        v = y0 + (y1 - y0) * i / 5
-        label = f"{v:.0%}" if percent else f"{v:g}"
+    for i in range(round((y1 - y0) / step) + 1):
+        v = y0 + step * i
+        label = (f"{v:.0%}" if step >= 0.01 else f"{v:.1%}") if percent else f"{v:g}"
         out.append(f'<line x1="{PAD_L}" x2="{PAD_L + pw}" y1="{py(v):.1f}" y2="{py(v):.1f}" '
                    f'stroke="#ddd"/><text x="{PAD_L - 6}" y="{py(v) + 4:.1f}" '
                    f'text-anchor="end">{label}</text>')  # fmt: skip
     for x in sorted(set(xs)):
         out.append(f'<text x="{px(x):.1f}" y="{PAD_T + ph + 16}" text-anchor="middle">'
-                   f'{x:,g}</text><line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{PAD_T}" '
+                   f'{(x_names or {}).get(x, f"{x:,g}")}</text><line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{PAD_T}" '
                    f'y2="{PAD_T + ph}" stroke="#eee"/>')  # fmt: skip
     out.append(f'<text x="{PAD_L + pw / 2}" y="{H - 6}" text-anchor="middle">{_esc(xlabel)}</text>')
     out.append(
@@ -57,7 +67,11 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel: str
     for k, (name, pts) in enumerate(series.items()):
         color = COLORS.get(name, ["#7d3c98", "#566573", "#b7950b"][k % 3])
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2.5"/>')
+        dash = ' stroke-dasharray="7,5"' if name in DASHED else ""
+        width = 2 if name in DASHED else 3.5
+        out.append(
+            f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="{width}"{dash}/>'
+        )
         for x, y in pts:
             out.append(
                 f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}">'
@@ -65,7 +79,7 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel: str
             )
         ly = PAD_T + 14 + k * 18
         out.append(f'<line x1="{W - PAD_R + 10}" x2="{W - PAD_R + 30}" y1="{ly}" y2="{ly}" '
-                   f'stroke="{color}" stroke-width="3"/><text x="{W - PAD_R + 35}" y="{ly + 4}">'
+                   f'stroke="{color}" stroke-width="3"{dash}/><text x="{W - PAD_R + 35}" y="{ly + 4}">'
                    f'{_esc(name)}</text>')  # fmt: skip
     out.append("</svg>")
     return "".join(out)
@@ -111,6 +125,9 @@ def html_report(doc: dict) -> str:
              "background:#f7f7f7;padding:8px;overflow-x:auto}</style></head><body>",
              "<h1>One training job on N GPUs: ETTR and effective throughput per strategy</h1>",
              f"<p>{_esc(doc['summary'])}</p>", "".join(charts),
+             "<p>Effective throughput = ETTR × the strategy's throughput against a plain DDP "
+             "run: 1 for restart-all, assumed 1 for torchft, our measured ratio for Stalwart "
+             "(inputs below). Stalwart's dashed line is the same with predictive drain.</p>",
              _table(RESULT_HEADERS, result_rows(rows))]  # fmt: skip
     if doc.get("anchors"):
         parts.append("<h2>Sanity against published results</h2>")
@@ -147,7 +164,7 @@ def _sensitivity(s: dict) -> str:
         f"<h2>Sensitivity at {n}</h2>",
         _chart("Standby pool (refilled by repair)",
                {"stalwart": [(max(r["standbys"], 0.5), r["ettr"]) for r in pool]},
-               "standby nodes (0 drawn at 0.5; log)", "ETTR", log_x=True),
+               "standby nodes (log)", "ETTR", log_x=True, x_names={0.5: "0"}),
         _chart("Checkpoint interval", interval, "× Young–Daly interval (log)", "ETTR", log_x=True),
         _chart("Predictor recall (drain on)",
                {"stalwart+drain": [(r["recall"], r["ettr"]) for r in recall]},
