@@ -31,7 +31,6 @@ MEASURED = {
         "commit": "8acef072dc926805b34e074e420c0b3a8083842a",
         # training stall per checkpoint as a share of a step, checkpointing every step (shm)
         "stall_fraction": 0.038,
-        "restore_vs_raw_get": 0.49,
     },
     "health": {
         "command": "stalwart health eval --dataset transceiver --output json",

@@ -104,7 +104,8 @@ def load(recovery: Path | None = None, ddp: Path | None = None, overhead: Path |
         kinds = "kill_to_next_commit"
         take = _get(doc, f"{kinds}.trainer.median_s", recovery)
         promo = _get(doc, f"{kinds}.paramserver.median_s", recovery)
-        det = _get(doc, f"{kinds}.trainer.median_detection_s", recovery)
+        if doc[kinds]["trainer"].get("median_detection_s") is not None:  # absent when unseen
+            det = _get(doc, f"{kinds}.trainer.median_detection_s", recovery)
         sources["recovery"] = str(recovery)
     if (doc := _read(overhead)) is not None:
         ratio = _get(doc, "ratio", overhead)

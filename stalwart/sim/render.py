@@ -105,8 +105,8 @@ def result_rows(rows: list[dict]) -> list[list]:
              f"{r['checkpoint_interval_s']:,.0f}"] for r in rows]  # fmt: skip
 
 
-RESULT_HEADERS = ["GPUs", "strategy", "ETTR", "ETTR range (seeds)", "throughput ratio",
-                  "effective throughput", "job MTBF h", "ckpt interval s"]  # fmt: skip
+RESULT_HEADERS = ["GPUs", "strategy", "ETTR", "ETTR seeds", "thr. ratio", "eff. thr.",
+                  "MTBF h", "ckpt every s"]  # fmt: skip
 
 
 def html_report(doc: dict) -> str:

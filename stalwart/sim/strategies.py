@@ -118,6 +118,8 @@ class Strategy:
     def _dispatch(self, ev: Event) -> None:
         self.counts[ev.kind] += 1
         if ev.kind == "fail":
+            if self.gray.pop(ev.node, None) is not None:  # a slow node that now fails outright
+                self.refresh_rate()
             if ev.cause.manifest == "silent":
                 self.on_silent(ev)
             elif ev.cause.scope == "job":

@@ -117,3 +117,13 @@ def test_pure_code_imports_neither_grpc_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_meta_rate_reproduces_its_projected_mttf():
+    from stalwart.sim import failures, published
+
+    model = failures.meta(None)
+    for gpus, hours in published.META_MTTF_PROJECTED_H.items():
+        assert model.mtbf_h(gpus) == pytest.approx(hours, rel=0.05)
+    llama = failures.llama3(None)
+    assert llama.mtbf_h(16_384) == pytest.approx(54 * 24 / 419)
