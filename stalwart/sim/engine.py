@@ -27,6 +27,10 @@ class EventQueue:
         heapq.heappush(self._heap, (max(t, self.now), self._seq, fn, args))
         self._seq += 1
 
+    def next_time(self) -> float:
+        """When the next scheduled callback runs (infinity when none)."""
+        return self._heap[0][0] if self._heap else float("inf")
+
     def run(self, until: float) -> None:
         while self._heap and self._heap[0][0] <= until:
             t, _, fn, args = heapq.heappop(self._heap)
@@ -76,6 +80,21 @@ class Ledger:
     def set_rate(self, now: float, rate: float) -> None:
         self.advance(now)
         self.rate = rate
+
+    def checkpoint_cycles(self, now: float, cycles: int, stall_s: float, run_s: float) -> float:
+        """``cycles`` rounds of (checkpoint stall, then ``run_s`` running) from ``now`` with
+        nothing else happening: the same as stepping through them one event at a time.
+        Each stall commits what was pending when it began. Returns the time they end."""
+        self.advance(now)
+        self.blocked["checkpoint"] += cycles * stall_s
+        self.committed += self.pending + self.rate * (cycles - 1) * run_s
+        self.pending = self.rate * run_s
+        self.degraded += (1.0 - self.rate) * cycles * run_s
+        end = now + cycles * (stall_s + run_s)
+        self.blocked_until = end - run_s
+        self.block_reason = "checkpoint"
+        self.t = end
+        return end
 
     def commit(self, amount: float | None = None) -> None:
         amount = self.pending if amount is None else min(amount, self.pending)

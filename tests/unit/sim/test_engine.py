@@ -77,3 +77,23 @@ def test_no_failures_costs_only_checkpoints():
     )
     got = RestartAll(common, 20.0).run([], 1e6)["ettr"]
     assert got == pytest.approx(990 / 1000, abs=1e-3)
+
+
+def test_checkpoint_cycles_at_once_equal_one_by_one():
+    one, many = Ledger(), Ledger()
+    for j in (one, many):
+        j.advance(3.0)
+        j.set_rate(3.0, 0.5)
+    t = 3.0
+    for _ in range(4):  # stall 2 s (commits what was pending), then run 10 s
+        amount = one.pending
+        one.block(t, 2.0, "checkpoint")
+        one.advance(t + 2.0)
+        one.commit(amount)
+        one.advance(t + 12.0)
+        t += 12.0
+    end = many.checkpoint_cycles(3.0, 4, 2.0, 10.0)
+    assert end == t
+    for attr in ("committed", "pending", "degraded", "t"):
+        assert getattr(many, attr) == pytest.approx(getattr(one, attr)), attr
+    assert many.blocked["checkpoint"] == pytest.approx(one.blocked["checkpoint"])
