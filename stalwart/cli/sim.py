@@ -78,6 +78,8 @@ def ettr(
         )
     if failures not in FAILURE_SOURCES:
         fail(f"--failures must be one of {', '.join(FAILURE_SOURCES)}", ExitCode.INVALID_INPUT)
+    if html and not html.parent.is_dir():
+        fail(f"--html: no folder {html.parent}", ExitCode.INVALID_INPUT)
     if refill not in ("scheduler", "repair"):
         fail("--refill must be scheduler or repair", ExitCode.INVALID_INPUT)
     try:

@@ -42,7 +42,12 @@ def test_json_and_html(tmp_path):
 
 
 def test_bad_input_is_one_error_line():
-    for args in (["--gpus", "lots"], ["--strategies", "magic"], ["--failures", "dice"]):
+    for args in (
+        ["--gpus", "lots"],
+        ["--strategies", "magic"],
+        ["--failures", "dice"],
+        ["--html", "/nonexistent/folder/x.html"],
+    ):
         res = runner.invoke(app, ["sim", "ettr", *args])
         assert res.exit_code == 2, args
         assert res.stderr.strip().startswith("Error: ") and res.stderr.count("\n") == 1
