@@ -44,6 +44,11 @@ def ettr(
         None, min=0.0, max=1.0, help="predictor recall (default: measured)"
     ),
     gray_per_failure: float = typer.Option(0.25, min=0.0, help="gray failures per hard failure"),
+    replica_gpus: int = typer.Option(128, min=1, help="GPUs per data-parallel replica (TP x PP)"),
+    params_b: float = typer.Option(405.0, min=0.001, help="model parameters, billions"),
+    step_s: float = typer.Option(
+        6.0, min=0.001, help="step time at 16,384 GPUs (fixed global batch)"
+    ),
     recovery_json: Path = typer.Option(
         None, "--recovery", help="stalwart bench recovery -o json", **_JSON
     ),
@@ -107,6 +112,7 @@ def ettr(
         precursor_share=precursor_share,
         recall=recall,
         gray_per_failure=gray_per_failure,
+        workload={"replica_gpus": replica_gpus, "params": params_b * 1e9, "step_s_at_16k": step_s},
     )
     doc = sim.run.document(cfg, measured, fit, anchors, sensitivity or None)
     if html:

@@ -11,24 +11,8 @@ runner = CliRunner()
 
 def test_json_and_html(tmp_path):
     page = tmp_path / "ettr.html"
-    res = runner.invoke(
-        app,
-        [
-            "sim",
-            "ettr",
-            "--gpus",
-            "1024,4096",
-            "--days",
-            "2",
-            "--seeds",
-            "1",
-            "--no-anchors",
-            "--html",
-            str(page),
-            "-o",
-            "json",
-        ],
-    )
+    args = "sim ettr --gpus 1024,4096 --days 2 --seeds 1 --no-anchors --replica-gpus 64 -o json"
+    res = runner.invoke(app, [*args.split(), "--html", str(page)])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert {(r["gpus"], r["strategy"]) for r in doc["results"]} >= {
@@ -37,6 +21,7 @@ def test_json_and_html(tmp_path):
     }
     assert all(0 < r["ettr"] <= 1 for r in doc["results"])
     assert doc["inputs"]["measured"]["sources"]["recovery"].startswith("stalwart bench recovery")
+    assert doc["inputs"]["workload"]["replica_gpus"] == 64
     text = page.read_text()
     assert text.count("<svg") == 2 and "<script" not in text
 

@@ -127,3 +127,8 @@ def test_meta_rate_reproduces_its_projected_mttf():
         assert model.mtbf_h(gpus) == pytest.approx(hours, rel=0.05)
     llama = failures.llama3(None)
     assert llama.mtbf_h(16_384) == pytest.approx(54 * 24 / 419)
+
+
+def test_ettr_and_waste_account_for_all_wall_time(measured):
+    for row in sim.simulate(SHORT, measured, None):
+        assert row["ettr"] + sum(row["waste"].values()) == pytest.approx(1.0, abs=1e-4), row
