@@ -8,7 +8,7 @@ import sys
 import typer
 
 from stalwart import __version__
-from stalwart.cli import admin, bench, ckpt, demo, jobs, ps, top
+from stalwart.cli import admin, bench, ckpt, demo, jobs, ps, sim, top
 from stalwart.cli import cluster as cluster_cli
 from stalwart.cli.output import cli_errors
 
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.add_typer(ps.app, name="ps")
 app.add_typer(bench.app, name="bench")
 app.add_typer(ckpt.app, name="ckpt")
+app.add_typer(sim.app, name="sim")
 app.add_typer(jobs.app, name="job")
 app.command("jobs")(jobs.jobs)
 admin.register(app)
