@@ -54,9 +54,7 @@ class Fault:
         return f"step {self.at_step}: {what}"
 
 
-def schedule(
-    seed: int, steps: int, faults: int = 3, roles: tuple[str, ...] = ROLES
-) -> list[Fault]:
+def schedule(seed: int, steps: int, faults: int = 3, roles: tuple[str, ...] = ROLES) -> list[Fault]:
     """``faults`` faults spread over the job's window, in step order."""
     rng = random.Random(seed)
     lo, hi = int(steps * WINDOW[0]), int(steps * WINDOW[1])
