@@ -24,7 +24,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto lint fmt test backends deploy-tools go-client bench demo clean distclean
+.PHONY: help setup proto lint fmt test chaos backends deploy-tools go-client bench demo clean distclean
 
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
@@ -32,6 +32,7 @@ help:
 	@echo "make lint       ruff check + buf lint"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
+	@echo "make chaos      seeded fault schedules against local clusters (SEEDS=0-49)"
 	@echo "make bench      stalwart bench ps --output json"
 	@echo "make demo       stalwart demo"
 	@echo "make clean      generated code, caches, run logs;  make distclean: also $(VENV) and $(TOOLS)"
@@ -113,6 +114,11 @@ test: setup backends deploy-tools
 	rc=0; $(BIN)/python -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# Seeded fault schedules (tests/chaos): `make test` runs a few, this runs SEEDS.
+SEEDS ?= 0-49
+chaos: setup
+	STALWART_CHAOS_SEEDS='$(SEEDS)' $(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------- run
 

@@ -1,0 +1,160 @@
+"""Run a fault schedule (schedule.py) against a local cluster while one sync job trains.
+
+Before each fault the cluster must be whole (a leader, every live member registered
+and alive); the fault's target is resolved from what the cluster reports at that
+moment; a killed process gets a stand-in (as an operator or Kubernetes would start
+one) and a stopped one is resumed after its pause. The outcome carries the job, its
+events and final weights, for the invariants the test checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from stalwart import cluster
+from stalwart.api import coordinator
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.demo.run import FINISHED, pick_target
+from stalwart.demo.timeline import Ev
+from stalwart.demo.watch import EventRecorder, param_client, pull_weights
+from tests.chaos.schedule import Fault
+
+HEALTHY_WITHIN_S = 120.0
+STALL_S = 90.0  # no step for this long: the job is stuck, not slow
+
+
+@dataclass
+class Applied:
+    fault: Fault
+    target: str
+    step: int
+
+
+@dataclass
+class Outcome:
+    job: coordinator.Job
+    events: list[Ev]
+    weights: dict[str, torch.Tensor]
+    version: int
+    applied: list[Applied] = field(default_factory=list)
+
+
+async def run(local: cluster.LocalCluster, spec, faults: list[Fault]) -> Outcome:
+    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
+        job = await client.create_job(spec)
+        recorder = EventRecorder(client, job.job_id)
+        watch = asyncio.create_task(recorder.run())
+        applied: list[Applied] = []
+        try:
+            for fault in faults:
+                # a repair can outlast the steps between two faults: never hit the
+                # same step twice, and keep the schedule's order
+                await _wait_step(recorder, max(fault.at_step, recorder.step + 2))
+                if recorder.finished:
+                    break
+                await cluster.wait_healthy(local, HEALTHY_WITHIN_S)  # health before
+                await _apply(local, client, job.job_id, recorder, fault, applied)
+            await cluster.wait_healthy(local, HEALTHY_WITHIN_S)  # and after
+            job = await _wait_finished(client, job.job_id)
+            ps = await param_client(client, job.job_id, spec)
+            try:
+                version, weights = await pull_weights(ps, job.job_id, spec.steps)
+            finally:
+                await ps.close()
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
+    return Outcome(job, list(recorder.events), weights, version, applied)
+
+
+async def _apply(local, client, job_id, recorder, fault: Fault, applied: list[Applied]) -> None:
+    """The fault (and its pair, ``delay_s`` later) at once; returns when all are repaired."""
+    first = asyncio.create_task(_hit(local, client, job_id, recorder, fault, applied))
+    tasks = [first]
+    if fault.then is not None:
+        await asyncio.sleep(fault.delay_s)  # the schedule's gap between the two faults
+        tasks.append(
+            asyncio.create_task(_hit(local, client, job_id, recorder, fault.then, applied))
+        )
+    await asyncio.gather(*tasks)
+
+
+async def _hit(local, client, job_id, recorder, fault: Fault, applied: list[Applied]) -> None:
+    name = await target(fault.role, local, client, job_id)
+    applied.append(Applied(fault, name, recorder.step))
+    if fault.action == "stop":
+        pid = local.member(name).pid
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(fault.stop_s)  # the pause is the fault itself
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        return
+    stand_in = await _kill_and_replace(local, name)
+    if fault.kill_stand_in:
+        await cluster.wait_healthy(local, HEALTHY_WITHIN_S)
+        applied.append(Applied(Fault(recorder.step, "kill", "stand-in"), stand_in, recorder.step))
+        await _kill_and_replace(local, stand_in)
+
+
+async def _kill_and_replace(local: cluster.LocalCluster, name: str) -> str:
+    await asyncio.to_thread(local.kill, name)
+    deadline = time.monotonic() + 30
+    while local.alive(name):
+        assert time.monotonic() < deadline, f"{name} outlived kill -9"
+        await asyncio.sleep(0.05)
+    return (await asyncio.to_thread(local.replace, name)).name
+
+
+async def target(role: str, local: cluster.LocalCluster, client, job_id: str) -> str:
+    """The member that plays ``role`` for the job right now."""
+    if role in ("trainer", "leader"):
+        return await pick_target("coordinator" if role == "leader" else "trainer",
+                                 local, client, job_id)  # fmt: skip
+    if role == "primary":
+        return await pick_target("paramserver", local, client, job_id)
+    if role == "backup":
+        groups = (await client.get_shard_map(job_id)).groups
+        return local.by_address(groups[0].backup_addresses[0]).name
+    if role == "standby":
+        job = await client.get_job(job_id)
+        holders = {s.node_id for s in job.slots}
+        return _first_alive(local, "trainer", exclude=holders)
+    if role == "follower":
+        leader = (await client.cluster_status()).leader_address
+        return _first_alive(local, "coordinator", exclude={local.by_address(leader).name})
+    raise ValueError(f"unknown role {role!r}")
+
+
+def _first_alive(local: cluster.LocalCluster, role: str, exclude: set[str]) -> str:
+    for m in local.of_role(role):
+        if m.name not in exclude and local.alive(m.name):
+            return m.name
+    raise AssertionError(f"no live {role} outside {sorted(exclude)}")
+
+
+async def _wait_step(recorder: EventRecorder, step: int) -> None:
+    while recorder.step < step and not recorder.finished:
+        before = recorder.step
+        if not await recorder.wait_step(step, STALL_S) and recorder.step == before:
+            raise AssertionError(f"job stuck at step {before} (no step for {STALL_S:.0f}s)")
+
+
+async def _wait_finished(client: CoordinatorClient, job_id: str) -> coordinator.Job:
+    last, moved = -1, time.monotonic()
+    while True:
+        job = await client.get_job(job_id)
+        if job.state in FINISHED:
+            return job
+        if job.step != last:
+            last, moved = job.step, time.monotonic()
+        assert time.monotonic() - moved < STALL_S, f"job stuck at step {job.step}"
+        await asyncio.sleep(0.3)
