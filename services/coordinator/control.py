@@ -205,10 +205,7 @@ class Control:
     ) -> Directions:
         async with self.lock:
             self.require_leader()
-            if epoch > self.epoch:  # the node has heard from a newer leader
-                await self._fenced(f"node {node_id} carries epoch {epoch}")
-                self.leader.saw_higher_epoch(epoch)
-                self.require_leader()
+            await self.check_node_epoch(epoch, f"node {node_id}")
             try:
                 node = self.members.heartbeat(node_id, time.time(), step, step_time)
             except UnknownNode:
@@ -220,6 +217,25 @@ class Control:
             job = self.jobs.get(job_id)
             draining = node.state in (NodeState.DRAINING, NodeState.DRAINED)
             return Directions(node, draining, job if job and not job.finished else None, slot)
+
+    async def check_node_epoch(self, epoch: int, who: str) -> None:
+        """A node's request carries a higher coordinator epoch than ours (caller holds the
+        lock). Only the store says whether a newer leader exists: if it does, step down;
+        if not, the number was never issued (a bug or a hostile caller) and the request
+        is refused. A node's word alone never deposes the leader."""
+        if epoch <= self.epoch:
+            return
+        stored = await self.io(self.state.stored_epoch)
+        if stored > self.epoch:
+            await self._fenced(f"{who} carries epoch {epoch}; the store holds {stored}")
+            self.leader.saw_higher_epoch(stored)
+            self.require_leader()
+        raise StalwartError(
+            ErrorKind.UNKNOWN_EPOCH,
+            f"coordinator epoch {epoch} was never issued (the leader's is {self.epoch}); "
+            "use the epoch the leader answers with",
+            epoch=self.epoch,
+        )
 
     async def drain_node(self, node_id: str, reason: str) -> NodeRecord:
         async with self.lock:

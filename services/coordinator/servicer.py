@@ -138,6 +138,9 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def ReportGradient(self, request, context):
         sdc = self._sdc()
+        async with self.control.lock:
+            self.control.require_leader()
+            await self.control.check_node_epoch(request.epoch, f"node {request.node_id}")
         verdict = await sdc.report_gradient(request)
         return coordinator.ReportGradientResponse(verdict=verdict, epoch=self.control.epoch)
 

@@ -25,7 +25,17 @@ log = structlog.get_logger(__name__)
 _CHECK_ERRORS = {
     Check.STALE_EPOCH: (ErrorKind.STALE_EPOCH, "epoch {got} is older than this replica's {have}"),
     Check.NOT_PRIMARY: (ErrorKind.NOT_PRIMARY, "this replica is a backup; call the primary"),
-    Check.FENCED: (ErrorKind.FENCED, "this replica was deposed (epoch {got} > {have}); refresh"),
+    Check.FENCED: (ErrorKind.FENCED, "this replica was deposed at epoch {have}; refresh"),
+    Check.UNKNOWN_EPOCH: (
+        ErrorKind.UNKNOWN_EPOCH,
+        "epoch {got} is newer than this replica's {have} and no coordinator configured it "
+        "here; refresh the shard map",
+    ),
+    Check.OLD_COORDINATOR: (
+        ErrorKind.STALE_EPOCH,
+        "this order comes from an older coordinator leader than the last one obeyed "
+        "(coordinator epoch {coordinator}); ask the current leader",
+    ),
 }
 _ROLES = {
     Role.PRIMARY: common.REPLICA_ROLE_PRIMARY,
@@ -155,9 +165,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if check is Check.FENCED:
             self.on_role_change(self.replica.role)
         kind, text = _CHECK_ERRORS[check]
-        raise StalwartError(
-            kind, text.format(got=got, have=self.replica.epoch), epoch=self.replica.epoch
+        text = text.format(
+            got=got, have=self.replica.epoch, coordinator=self.replica.coordinator_epoch
         )
+        raise StalwartError(kind, text, epoch=self.replica.epoch)
 
     def _client(self, epoch: int) -> None:
         self._raise_check(self.replica.check_client(epoch), epoch)
@@ -477,7 +488,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     @rpc_handler
     async def Promote(self, request, context):
-        check = self.replica.promote(request.epoch, list(request.backups))
+        check = self.replica.promote(
+            request.epoch, list(request.backups), request.coordinator_epoch
+        )
         self._raise_check(check, request.epoch)
         for job in self.jobs.values():
             job.model.pending.clear()  # clients re-push whatever was not acknowledged
@@ -495,7 +508,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if role is None:
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "role must be PRIMARY or BACKUP")
         self._raise_check(
-            self.replica.configure(role, request.epoch, list(request.backups)), request.epoch
+            self.replica.configure(
+                role, request.epoch, list(request.backups), request.coordinator_epoch
+            ),
+            request.epoch,
         )
         self.on_role_change(self.replica.role)
         return paramserver.ConfigureReplicaResponse(
