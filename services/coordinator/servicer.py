@@ -18,7 +18,7 @@ from services.coordinator.election import Election
 from services.coordinator.jobs import JobState
 from services.coordinator.membership import NodeRecord, Role
 from services.coordinator.settings import CoordinatorSettings
-from stalwart import jobspec
+from stalwart import jobspec, limits
 from stalwart.api import common, coordinator, coordinator_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import rpc_handler
@@ -39,11 +39,17 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def CreateJob(self, request, context):
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
+        # off the event loop: nothing a client sends may hold up the lease or other calls
+        spec = await asyncio.to_thread(self._admissible, request)
+        job = await self.control.create_job(request.job_id, spec, request.request_id)
+        return coordinator.CreateJobResponse(job=job_to_proto(job))
+
+    def _admissible(self, request):
         jobspec.validate_job_id(request.job_id)
         spec = jobspec.normalized(request.spec)
         jobspec.validate_job_spec(spec, self.settings.max_slots, self.settings.max_steps)
-        job = await self.control.create_job(request.job_id, spec, request.request_id)
-        return coordinator.CreateJobResponse(job=job_to_proto(job))
+        return spec
 
     @rpc_handler
     async def GetJob(self, request, context):
@@ -52,6 +58,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def ListJobs(self, request, context):
         self.control.require_leader()
+        _check_filter("state", request.state, JOB_STATES_BACK)
         wanted = JOB_STATES_BACK.get(request.state)
         items = [j for j in self.control.jobs.values() if wanted is None or j.state is wanted]
         # newest first: sort by negated creation time
@@ -63,6 +70,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def CancelJob(self, request, context):
+        _check_reason(request)
         job = await self.control.cancel_job(request.job_id, request.reason)
         return coordinator.CancelJobResponse(job=job_to_proto(job))
 
@@ -82,6 +90,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
             )
         node_id = request.node_id or f"{role.value}-{_short_id()}"
         check_key("node_id", node_id)
+        limits.check_map("labels", request.labels)
         record = NodeRecord(node_id, role, request.address, standby=request.standby,
                             labels=dict(request.labels), shard=request.shard)  # fmt: skip
         node = await self.control.register(record)
@@ -146,6 +155,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def ReportCorruption(self, request, context):
+        limits.check_string("message", request.message, limits.MAX_REASON)
         state = await self._sdc().report_corruption(request)
         return coordinator.ReportCorruptionResponse(suspect_state=state)
 
@@ -157,6 +167,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def ListNodes(self, request, context):
         self.control.require_leader()
+        _check_filter("role", request.role, ROLES_BACK)
         wanted = ROLES_BACK.get(request.role)
         items = [
             n for n in self.control.members.nodes.values() if wanted is None or n.role is wanted
@@ -171,6 +182,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def DrainNode(self, request, context):
+        _check_reason(request)
         node = await self.control.drain_node(request.node_id, request.reason)
         return coordinator.DrainNodeResponse(node=self.control.node_proto(node))
 
@@ -276,6 +288,17 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         self.control.require_leader()
         collected = await self.checkpoints.delete(request.checkpoint_id)
         return coordinator.DeleteCheckpointResponse(chunks_collected=collected)
+
+
+def _check_filter(name: str, value: int, known: dict) -> None:
+    """An enum filter must be UNSPECIFIED (all) or a value this server knows."""
+    if value and value not in known:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"{name} filter {value} is not a known value")
+
+
+def _check_reason(request) -> None:
+    limits.check_string("reason", request.reason, limits.MAX_REASON)
+    limits.check_string("request_id", request.request_id, limits.MAX_ID)
 
 
 def _matches(event: common.Event, job_id: str) -> bool:
