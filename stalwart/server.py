@@ -275,8 +275,10 @@ class ServiceRunner:
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 # from the same table as validation: oversize requests are refused
                 # (RESOURCE_EXHAUSTED) before they are parsed or reach a handler
-                ("grpc.max_receive_message_length",
-                 limits.max_request_bytes(self.service_names, s.max_message_bytes)),
+                (
+                    "grpc.max_receive_message_length",
+                    limits.max_request_bytes(self.service_names, s.max_message_bytes),
+                ),
                 ("grpc.so_reuseport", 0),  # a second server on a taken port must fail
                 *SERVER_KEEPALIVE_OPTIONS,
             ],

@@ -75,6 +75,7 @@ class Control:
         self._dirty_jobs: set[str] = set()
         self._dirty_nodes: set[str] = set()
         self._dirty_groups: set[int] = set()
+        self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
 
     # --- guards and I/O ------------------------------------------------------------
 
@@ -132,6 +133,58 @@ class Control:
         self.stand_down()
         if self.on_fenced is not None:
             await self.on_fenced(reason)
+
+    # --- idempotency keys ----------------------------------------------------------
+
+    async def once(
+        self,
+        method: str,
+        request_id: str,
+        run: Callable[[], Awaitable],
+        encode: Callable[[object], bytes],
+        decode: Callable[[bytes], Awaitable],
+    ):
+        """Run a mutating call at most once per ``request_id``.
+
+        The answer's key (``encode(result)``: a job id, a checkpoint id...) is kept
+        in the store, so a retry, also one that reaches the next leader, gets
+        ``decode(key)`` instead of a second run; a retry arriving while the first
+        call still runs waits for it. Without a request id the call just runs.
+        """
+        if not request_id:
+            return await run()
+        key = f"{method}:{request_id}"
+        running = self._requests.get(key)
+        if running is not None:
+            return await asyncio.shield(running)
+        stored = await self.io(self.state.answer, key)
+        if stored is not None:
+            return await decode(stored)
+        future = self._requests[key] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            result = await run()
+            await self.remember(key, encode(result))
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            self._requests.pop(key, None)
+        future.set_result(result)
+        return result
+
+    async def remember(self, key: str, value: bytes) -> None:
+        """Store a call's answer key under our epoch (NOT_LEADER if we were deposed)."""
+        try:
+            await self.io(self.state.put_answer, self.epoch, key, value)
+        except Fenced as exc:
+            await self._fenced(str(exc))
+            raise StalwartError(
+                ErrorKind.NOT_LEADER, "deposed: a newer coordinator leads"
+            ) from None
 
     # --- leadership ----------------------------------------------------------------
 
@@ -265,6 +318,11 @@ class Control:
                 self._reconcile(time.time())
                 await self._flush()
             return node
+
+    def node(self, node_id: str) -> NodeRecord:
+        """A registered node (NOT_FOUND if none); leader only."""
+        self.require_leader()
+        return self._node(node_id)
 
     def _node(self, node_id: str) -> NodeRecord:
         node = self.members.nodes.get(node_id)

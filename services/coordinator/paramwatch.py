@@ -45,7 +45,9 @@ async def promote_with_backups(
     kept = []
     for backup, answer in zip(backups, told, strict=True):
         if isinstance(answer, BaseException):
-            log.warning("backup not configured before a promotion", backup=backup, error=str(answer))
+            log.warning(
+                "backup not configured before a promotion", backup=backup, error=str(answer)
+            )
         else:
             kept.append(backup)
     request = paramserver.PromoteRequest(

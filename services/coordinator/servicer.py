@@ -71,8 +71,18 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def CancelJob(self, request, context):
         _check_reason(request)
-        job = await self.control.cancel_job(request.job_id, request.reason)
+        job = await self.control.once(
+            "CancelJob", request.request_id,
+            lambda: self.control.cancel_job(request.job_id, request.reason),
+            _job_key, self._job_named,
+        )  # fmt: skip
         return coordinator.CancelJobResponse(job=job_to_proto(job))
+
+    async def _job_named(self, key: bytes):
+        return self.control.job(key.decode())
+
+    async def _node_named(self, key: bytes):
+        return self.control.node(key.decode())
 
     # --- membership ----------------------------------------------------------------
 
@@ -183,7 +193,11 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def DrainNode(self, request, context):
         _check_reason(request)
-        node = await self.control.drain_node(request.node_id, request.reason)
+        node = await self.control.once(
+            "DrainNode", request.request_id,
+            lambda: self.control.drain_node(request.node_id, request.reason),
+            lambda n: n.node_id.encode(), self._node_named,
+        )  # fmt: skip
         return coordinator.DrainNodeResponse(node=self.control.node_proto(node))
 
     @rpc_handler
@@ -221,6 +235,16 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def StepDown(self, request, context):
         self.control.require_leader()
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
+        key = f"StepDown:{request.request_id}"
+        if request.request_id:
+            # a retry (on this replica or the next leader) of a StepDown that already
+            # happened gets its answer and deposes nobody; the answer is stored
+            # first, since a leader that stepped down can write nothing more
+            stored = await self.control.io(self.control.state.answer, key)
+            if stored is not None:
+                return coordinator.StepDownResponse(epoch=int(stored))
+            await self.control.remember(key, str(self.control.epoch).encode())
         epoch = await self.election.step_down("StepDown requested", hold_off=True)
         return coordinator.StepDownResponse(epoch=epoch)
 
@@ -271,16 +295,25 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def CreateCheckpoint(self, request, context):
-        manifest = await self.checkpoints.create(request.job_id)
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
+        manifest = await self.control.once(
+            "CreateCheckpoint", request.request_id,
+            lambda: self.checkpoints.create(request.job_id),
+            lambda m: m.checkpoint_id.encode(), lambda b: self.checkpoints.find(b.decode()),
+        )  # fmt: skip
         return coordinator.CreateCheckpointResponse(checkpoint=manifest)
 
     @rpc_handler
     async def RestoreCheckpoint(self, request, context):
         self.control.require_leader()
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
         manifest = await self.checkpoints.find(request.checkpoint_id)
-        job = await self.checkpoints.restore(
-            manifest.job_id, manifest.checkpoint_id, "restore requested"
-        )
+        job = await self.control.once(
+            "RestoreCheckpoint", request.request_id,
+            lambda: self.checkpoints.restore(manifest.job_id, manifest.checkpoint_id,
+                                             "restore requested"),
+            _job_key, self._job_named,
+        )  # fmt: skip
         return coordinator.RestoreCheckpointResponse(job=job_to_proto(job))
 
     @rpc_handler
@@ -290,10 +323,16 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         return coordinator.DeleteCheckpointResponse(chunks_collected=collected)
 
 
+def _job_key(job) -> bytes:
+    return job.job_id.encode()
+
+
 def _check_filter(name: str, value: int, known: dict) -> None:
     """An enum filter must be UNSPECIFIED (all) or a value this server knows."""
     if value and value not in known:
-        raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"{name} filter {value} is not a known value")
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT, f"{name} filter {value} is not a known value"
+        )
 
 
 def _check_reason(request) -> None:

@@ -61,7 +61,6 @@ class ReplicaState:
     # deposed coordinator leader's later orders are refused
     coordinator_epoch: int = 0
 
-
     def check_client(self, epoch: int) -> Check:
         if self.role is Role.FENCED:
             return Check.FENCED

@@ -4,6 +4,7 @@ ReplicaState and Replicator. Torch work runs off the event loop."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -156,6 +157,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.jobs: dict[str, JobRuntime] = {}
         self.on_role_change = on_role_change or (lambda role: None)
         self.faults = faults or Faults()
+        # job_id -> whether the coordinator admitted it; None runs standalone (no check)
+        self.admitted: Callable[[str], Awaitable[bool]] | None = None
 
     # --- shared checks -----------------------------------------------------------
 
@@ -199,6 +202,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self._client(header.epoch)
         if not header.job_id:
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "job_id is empty")
+        if header.job_id not in self.jobs:  # checked before a byte of the model is read
+            await self._check_admitted(header.job_id)
         assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
         tensors = assembler.finish()
         existing = self.jobs.get(header.job_id)
@@ -212,6 +217,14 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         async with job.lock:
             await self._install_everywhere(job)
         return paramserver.RegisterModelResponse(version=0)
+
+    async def _check_admitted(self, job_id: str) -> None:
+        if self.admitted is not None and not await self.admitted(job_id):
+            raise StalwartError(
+                ErrorKind.UNKNOWN_JOB,
+                f"job {job_id!r} was never admitted by the coordinator; submit it first",
+                job=job_id,
+            )
 
     async def _re_register(
         self, job: JobRuntime, header, tensors

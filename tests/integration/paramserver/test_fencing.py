@@ -185,7 +185,10 @@ async def test_a_made_up_epoch_is_refused_and_the_primary_keeps_serving(launcher
                 stub_for(b.address).ReplicateCommit(commit, timeout=10),
                 Code.FAILED_PRECONDITION, "UNKNOWN_EPOCH",
             )  # fmt: skip
-            for replica, role in ((a, common.REPLICA_ROLE_PRIMARY), (b, common.REPLICA_ROLE_BACKUP)):
+            for replica, role in (
+                (a, common.REPLICA_ROLE_PRIMARY),
+                (b, common.REPLICA_ROLE_BACKUP),
+            ):
                 st = await status(stub_for(replica.address))
                 assert (st.role, st.epoch) == (role, 1)
             assert await health_status(a.address) == health_pb2.HealthCheckResponse.SERVING
