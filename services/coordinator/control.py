@@ -157,14 +157,13 @@ class Control:
         running = self._requests.get(key)
         if running is not None:
             return await asyncio.shield(running)
-        stored = await self.io(self.state.answer, key)
-        if stored is not None:
-            return await decode(stored)
         future = self._requests[key] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            result = await run()
-            await self.remember(key, encode(result))
+            stored = await self.io(self.state.answer, key)
+            result = await (
+                decode(stored) if stored is not None else self._run_once(key, run, encode)
+            )
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -174,6 +173,11 @@ class Control:
         finally:
             self._requests.pop(key, None)
         future.set_result(result)
+        return result
+
+    async def _run_once(self, key: str, run, encode):
+        result = await run()
+        await self.remember(key, encode(result))
         return result
 
     async def remember(self, key: str, value: bytes) -> None:

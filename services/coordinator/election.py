@@ -17,6 +17,7 @@ released at once, so no lease is ever held by a replica that does not know it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -71,6 +72,7 @@ class Election:
         self._wanted: asyncio.Future[None] | None = None  # the call _try_acquire waits on
         self._unclaimed: Lease | None = None  # acquired, not yet taken up by _try_acquire
         self._let_go = threading.Event()  # set to end the renewal thread
+        self._renewal: asyncio.Task | None = None  # watches the renewal thread while leading
 
     async def _io(self, fn, *args):
         return await asyncio.wait_for(
@@ -79,8 +81,9 @@ class Election:
 
     async def run(self) -> None:
         while not self._stopping:
-            if self.leader.role is Role.LEADER and self.lease is not None:
-                await self._keep_lease(self.lease)
+            renewal = self._renewal
+            if self.leader.role is Role.LEADER and renewal is not None and not renewal.done():
+                await asyncio.wait({renewal})  # until the lease is lost or given up
             elif self.leader.role is Role.LEADER:
                 await asyncio.sleep(self.settings.leader_renew_seconds)
             else:
@@ -121,6 +124,9 @@ class Election:
             return
         self.lease = lease
         self.leader.acquired(lease.token, lease.holder, started)
+        # renewing starts now, not after the take-over: reloading the state may be slow
+        self._let_go.clear()
+        self._renewal = asyncio.create_task(self._keep_lease(lease))
         LEADER_CHANGES.inc()
         log.warning("acquired the leader lease", epoch=lease.token)
         try:
@@ -179,7 +185,6 @@ class Election:
         """Renew ``lease`` from a dedicated thread until it fails or this replica lets go."""
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[bool | None] = loop.create_future()
-        self._let_go.clear()
 
         def finish(ok: bool | None) -> None:
             if not ended.done():
@@ -190,7 +195,8 @@ class Election:
             try:
                 ok = self._renew_until_change(lease)
             finally:
-                loop.call_soon_threadsafe(finish, ok)
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                    loop.call_soon_threadsafe(finish, ok)
 
         thread = threading.Thread(target=renew_forever, name="leader-lease", daemon=True)
         thread.start()
