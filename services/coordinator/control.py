@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from services.coordinator import drain, jobs, metrics, placement
+from services.coordinator import drain, jobs, metrics, placement, taskerrors
 from services.coordinator.convert import (
     job_from_proto,
     job_to_proto,
@@ -76,6 +76,7 @@ class Control:
         self._dirty_nodes: set[str] = set()
         self._dirty_groups: set[int] = set()
         self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
+        self.task_errors = taskerrors.TaskErrors()
 
     # --- guards and I/O ------------------------------------------------------------
 
@@ -376,6 +377,28 @@ class Control:
             job = self.job(job_id)
             self._advance(job, jobs.Cancel(reason or "cancelled by request"), time.time())
             self._reconcile(time.time())
+            await self._flush()
+            return job
+
+    async def task_error(self, job_id: str, error: taskerrors.TaskError) -> jobs.Job:
+        """A trainer reports that the job's own code raised; fails the job when the
+        error is the job's for sure (taskerrors.py). FAILED is final: nothing the
+        platform can do changes the user's code."""
+        async with self.lock:
+            job = self.job(job_id)
+            if error.node_id not in self.members.nodes:
+                raise StalwartError(ErrorKind.UNKNOWN_NODE, f"no node {error.node_id!r}")
+            if job.finished:
+                return job
+            log.warning("user code failed", job=job_id, node=error.node_id, phase=error.phase,
+                        step=error.step, slot=error.slot, error=error.message)  # fmt: skip
+            reason = self.task_errors.record(job_id, error)
+            if reason is None:
+                return job
+            now = time.time()
+            self._advance(job, jobs.Fail(reason), now)
+            self.task_errors.forget(job_id)
+            self._reconcile(now)
             await self._flush()
             return job
 

@@ -18,7 +18,8 @@ from services.coordinator.election import Election
 from services.coordinator.jobs import JobState
 from services.coordinator.membership import NodeRecord, Role
 from services.coordinator.settings import CoordinatorSettings
-from stalwart import jobspec, limits
+from services.coordinator.taskerrors import TaskError
+from stalwart import jobspec, limits, usererrors
 from stalwart.api import common, coordinator, coordinator_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import rpc_handler
@@ -27,6 +28,10 @@ from stalwart.stores.common import check_key
 log = structlog.get_logger(__name__)
 
 WATCH_POLL_S = 1.0  # a watcher re-checks leadership at least this often
+_PHASES = {
+    coordinator.TASK_ERROR_PHASE_IMPORT: usererrors.IMPORT,
+    coordinator.TASK_ERROR_PHASE_STEP: usererrors.STEP,
+}
 
 
 class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
@@ -168,6 +173,20 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         limits.check_string("message", request.message, limits.MAX_REASON)
         state = await self._sdc().report_corruption(request)
         return coordinator.ReportCorruptionResponse(suspect_state=state)
+
+    @rpc_handler
+    async def ReportTaskError(self, request, context):
+        phase = _PHASES.get(request.phase)
+        if phase is None:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, "phase must be IMPORT or STEP")
+        limits.check_string("error_type", request.error_type, limits.MAX_ID)
+        limits.check_string("message", request.message, limits.MAX_REASON)
+        limits.check_string("location", request.location, limits.MAX_LOCATION)
+        error = TaskError(request.node_id, request.slot, request.step, phase,
+                          request.error_type, request.message, request.location)  # fmt: skip
+        job = await self.control.task_error(request.job_id, error)
+        proto = job_to_proto(job)
+        return coordinator.ReportTaskErrorResponse(job_state=proto.state, reason=proto.reason)
 
     def _sdc(self):
         if self.control.sdc is None:
