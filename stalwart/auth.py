@@ -71,6 +71,7 @@ METHOD_ROLES: Mapping[str, Role] = {
     _C + "DeleteCheckpoint": Role.ADMIN,
     _C + "ReportGradient": Role.NODE,
     _C + "ReportCorruption": Role.NODE,
+    _C + "ReportTaskError": Role.NODE,
     # Parameter server
     _P + "RegisterModel": Role.NODE,
     _P + "Push": Role.NODE,

@@ -46,6 +46,9 @@ class ErrorKind(enum.Enum):
     NOT_PRIMARY = (grpc.StatusCode.FAILED_PRECONDITION, "NOT_PRIMARY")
     NOT_LEADER = (grpc.StatusCode.FAILED_PRECONDITION, "NOT_LEADER")
     FENCED = (grpc.StatusCode.FAILED_PRECONDITION, "FENCED")
+    # the caller names a higher epoch than the replica (or leader) was given: refused,
+    # never adopted (only the coordinator's configuration calls raise an epoch)
+    UNKNOWN_EPOCH = (grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_EPOCH")
     REPLICA_BEHIND = (grpc.StatusCode.FAILED_PRECONDITION, "REPLICA_BEHIND")
     FAILED_PRECONDITION = (grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION")
     TOO_STALE = (grpc.StatusCode.ABORTED, "TOO_STALE")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 
+from stalwart import limits
 from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -84,6 +85,9 @@ def validate_job_id(job_id: str) -> None:
 
 def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> None:
     """Everything a coordinator checks before admitting a job."""
+    limits.check_string("model", spec.model, limits.MAX_MODEL_NAME)
+    limits.check_string("dataset", spec.dataset, limits.MAX_DATASET)
+    limits.check_map("model_args", spec.model_args)
     validate_model_name(spec.model)
     user_model = ":" in spec.model
     if not user_model and spec.dataset not in BUILTIN_DATASETS:

@@ -39,7 +39,7 @@ import pydantic
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from stalwart import log
+from stalwart import limits, log
 from stalwart.auth import AuthInterceptor, tokens_from_settings
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.metrics import (
@@ -279,7 +279,12 @@ class ServiceRunner:
             ],
             options=[
                 ("grpc.max_send_message_length", s.max_message_bytes),
-                ("grpc.max_receive_message_length", s.max_message_bytes),
+                # from the same table as validation: oversize requests are refused
+                # (RESOURCE_EXHAUSTED) before they are parsed or reach a handler
+                (
+                    "grpc.max_receive_message_length",
+                    limits.max_request_bytes(self.service_names, s.max_message_bytes),
+                ),
                 ("grpc.so_reuseport", 0),  # a second server on a taken port must fail
                 *SERVER_KEEPALIVE_OPTIONS,
             ],

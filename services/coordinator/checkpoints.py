@@ -42,6 +42,7 @@ import structlog
 
 from services.coordinator import ckptplan, jobs, replicacheck
 from services.coordinator.control import EV, Control
+from services.coordinator.paramwatch import promote_with_backups
 from services.coordinator.promotion import ReplicaView
 from services.coordinator.settings import CoordinatorSettings
 from stalwart import checkpoint as ckpt
@@ -426,8 +427,8 @@ class Checkpoints:
             for _, t in plan:
                 # the new epoch fences the lost group's clients and replicas and
                 # changes the shard map, which is what makes trainers start over
-                await self._call(t.address, "Promote", paramserver.PromoteRequest(
-                    epoch=t.epoch, backups=list(t.backups)), 10.0)  # fmt: skip
+                await promote_with_backups(self._call, t.address, t.epoch, t.backups,
+                                           self.c.epoch, 10.0)  # fmt: skip
             loaded = await asyncio.gather(*(
                 self._call(t.address, "LoadCheckpoint", paramserver.LoadCheckpointRequest(
                     job_id=job_id, store_url=manifest.store_url or self.url, manifest=manifest,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from services.coordinator import drain, jobs, metrics, placement
+from services.coordinator import drain, jobs, metrics, placement, taskerrors
 from services.coordinator.convert import (
     job_from_proto,
     job_to_proto,
@@ -75,6 +75,8 @@ class Control:
         self._dirty_jobs: set[str] = set()
         self._dirty_nodes: set[str] = set()
         self._dirty_groups: set[int] = set()
+        self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
+        self.task_errors = taskerrors.TaskErrors()
 
     # --- guards and I/O ------------------------------------------------------------
 
@@ -132,6 +134,62 @@ class Control:
         self.stand_down()
         if self.on_fenced is not None:
             await self.on_fenced(reason)
+
+    # --- idempotency keys ----------------------------------------------------------
+
+    async def once(
+        self,
+        method: str,
+        request_id: str,
+        run: Callable[[], Awaitable],
+        encode: Callable[[object], bytes],
+        decode: Callable[[bytes], Awaitable],
+    ):
+        """Run a mutating call at most once per ``request_id``.
+
+        The answer's key (``encode(result)``: a job id, a checkpoint id...) is kept
+        in the store, so a retry, also one that reaches the next leader, gets
+        ``decode(key)`` instead of a second run; a retry arriving while the first
+        call still runs waits for it. Without a request id the call just runs.
+        """
+        if not request_id:
+            return await run()
+        key = f"{method}:{request_id}"
+        running = self._requests.get(key)
+        if running is not None:
+            return await asyncio.shield(running)
+        future = self._requests[key] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            stored = await self.io(self.state.answer, key)
+            result = await (
+                decode(stored) if stored is not None else self._run_once(key, run, encode)
+            )
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            self._requests.pop(key, None)
+        future.set_result(result)
+        return result
+
+    async def _run_once(self, key: str, run, encode):
+        result = await run()
+        await self.remember(key, encode(result))
+        return result
+
+    async def remember(self, key: str, value: bytes) -> None:
+        """Store a call's answer key under our epoch (NOT_LEADER if we were deposed)."""
+        try:
+            await self.io(self.state.put_answer, self.epoch, key, value)
+        except Fenced as exc:
+            await self._fenced(str(exc))
+            raise StalwartError(
+                ErrorKind.NOT_LEADER, "deposed: a newer coordinator leads"
+            ) from None
 
     # --- leadership ----------------------------------------------------------------
 
@@ -205,10 +263,7 @@ class Control:
     ) -> Directions:
         async with self.lock:
             self.require_leader()
-            if epoch > self.epoch:  # the node has heard from a newer leader
-                await self._fenced(f"node {node_id} carries epoch {epoch}")
-                self.leader.saw_higher_epoch(epoch)
-                self.require_leader()
+            await self.check_node_epoch(epoch, f"node {node_id}")
             try:
                 node = self.members.heartbeat(node_id, time.time(), step, step_time)
             except UnknownNode:
@@ -220,6 +275,25 @@ class Control:
             job = self.jobs.get(job_id)
             draining = node.state in (NodeState.DRAINING, NodeState.DRAINED)
             return Directions(node, draining, job if job and not job.finished else None, slot)
+
+    async def check_node_epoch(self, epoch: int, who: str) -> None:
+        """A node's request carries a higher coordinator epoch than ours (caller holds the
+        lock). Only the store says whether a newer leader exists: if it does, step down;
+        if not, the number was never issued (a bug or a hostile caller) and the request
+        is refused. A node's word alone never deposes the leader."""
+        if epoch <= self.epoch:
+            return
+        stored = await self.io(self.state.stored_epoch)
+        if stored > self.epoch:
+            await self._fenced(f"{who} carries epoch {epoch}; the store holds {stored}")
+            self.leader.saw_higher_epoch(stored)
+            self.require_leader()
+        raise StalwartError(
+            ErrorKind.UNKNOWN_EPOCH,
+            f"coordinator epoch {epoch} was never issued (the leader's is {self.epoch}); "
+            "use the epoch the leader answers with",
+            epoch=self.epoch,
+        )
 
     async def drain_node(self, node_id: str, reason: str) -> NodeRecord:
         async with self.lock:
@@ -249,6 +323,11 @@ class Control:
                 self._reconcile(time.time())
                 await self._flush()
             return node
+
+    def node(self, node_id: str) -> NodeRecord:
+        """A registered node (NOT_FOUND if none); leader only."""
+        self.require_leader()
+        return self._node(node_id)
 
     def _node(self, node_id: str) -> NodeRecord:
         node = self.members.nodes.get(node_id)
@@ -298,6 +377,28 @@ class Control:
             job = self.job(job_id)
             self._advance(job, jobs.Cancel(reason or "cancelled by request"), time.time())
             self._reconcile(time.time())
+            await self._flush()
+            return job
+
+    async def task_error(self, job_id: str, error: taskerrors.TaskError) -> jobs.Job:
+        """A trainer reports that the job's own code raised; fails the job when the
+        error is the job's for sure (taskerrors.py). FAILED is final: nothing the
+        platform can do changes the user's code."""
+        async with self.lock:
+            job = self.job(job_id)
+            if error.node_id not in self.members.nodes:
+                raise StalwartError(ErrorKind.UNKNOWN_NODE, f"no node {error.node_id!r}")
+            if job.finished:
+                return job
+            log.warning("user code failed", job=job_id, node=error.node_id, phase=error.phase,
+                        step=error.step, slot=error.slot, error=error.message)  # fmt: skip
+            reason = self.task_errors.record(job_id, error)
+            if reason is None:
+                return job
+            now = time.time()
+            self._advance(job, jobs.Fail(reason), now)
+            self.task_errors.forget(job_id)
+            self._reconcile(now)
             await self._flush()
             return job
 

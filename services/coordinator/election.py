@@ -1,8 +1,10 @@
 """The election loop: executes what leader.py decides against the store lease.
 
 A standby tries to acquire ``coordinator/leader`` every poll interval; the
-leader renews every renew interval. Store calls run in a thread with a
-timeout; a renew that fails or times out steps the leader down. Elected and
+leader renews every renew interval from a thread of its own (not the event
+loop, not the shared executor), so nothing a client sends (a huge request, a
+burst of calls, slow store I/O of other work) can delay a renewal. Store calls
+have a timeout; a renew that fails or comes back too late steps the leader down. Elected and
 deposed hooks are awaited in order, so a replica never serves as leader before
 it has reloaded the stored state.
 
@@ -15,6 +17,8 @@ released at once, so no lease is ever held by a replica that does not know it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -67,6 +71,8 @@ class Election:
         self._acquiring: asyncio.Future[None] | None = None  # store work stop() waits for
         self._wanted: asyncio.Future[None] | None = None  # the call _try_acquire waits on
         self._unclaimed: Lease | None = None  # acquired, not yet taken up by _try_acquire
+        self._let_go = threading.Event()  # set to end the renewal thread
+        self._renewal: asyncio.Task | None = None  # watches the renewal thread while leading
 
     async def _io(self, fn, *args):
         return await asyncio.wait_for(
@@ -75,8 +81,10 @@ class Election:
 
     async def run(self) -> None:
         while not self._stopping:
-            if self.leader.role is Role.LEADER:
-                await self._renew()
+            renewal = self._renewal
+            if self.leader.role is Role.LEADER and renewal is not None and not renewal.done():
+                await asyncio.wait({renewal})  # until the lease is lost or given up
+            elif self.leader.role is Role.LEADER:
                 await asyncio.sleep(self.settings.leader_renew_seconds)
             else:
                 if time.monotonic() >= self._hold_off_until:
@@ -116,6 +124,9 @@ class Election:
             return
         self.lease = lease
         self.leader.acquired(lease.token, lease.holder, started)
+        # renewing starts now, not after the take-over: reloading the state may be slow
+        self._let_go.clear()
+        self._renewal = asyncio.create_task(self._keep_lease(lease))
         LEADER_CHANGES.inc()
         log.warning("acquired the leader lease", epoch=lease.token)
         try:
@@ -170,17 +181,56 @@ class Election:
         except (StalwartError, TimeoutError) as exc:
             log.warning("cannot release the leader lease; it will lapse", error=str(exc))
 
-    async def _renew(self) -> None:
-        started = time.monotonic()
-        try:
-            ok = self.lease is not None and await self._io(self.leases.renew_lease, self.lease)
-        except (StalwartError, TimeoutError) as exc:
-            log.warning("cannot renew the leader lease", error=str(exc))
-            ok = False
-        change = self.leader.renewed(ok, started, time.monotonic())
-        if change is not None:
-            log.warning("stepping down", epoch=change.epoch, reason=change.reason)
+    async def _keep_lease(self, lease: Lease) -> None:
+        """Renew ``lease`` from a dedicated thread until it fails or this replica lets go."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[bool | None] = loop.create_future()
+
+        def finish(ok: bool | None) -> None:
+            if not ended.done():
+                ended.set_result(ok)
+
+        def renew_forever() -> None:
+            ok: bool | None = None
+            try:
+                ok = self._renew_until_change(lease)
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                    loop.call_soon_threadsafe(finish, ok)
+
+        thread = threading.Thread(target=renew_forever, name="leader-lease", daemon=True)
+        thread.start()
+        while not ended.done():
+            await asyncio.wait({ended}, timeout=self.settings.leader_renew_seconds)
+            if ended.done() or self.lease is not lease or self.leader.acting(time.monotonic()):
+                continue
+            # the thread is stuck in a store call past the lease: let go, it ends on return
+            log.warning("stepping down", epoch=self.leader.epoch, reason="lease renewal stuck")
+            self.leader.step_down("lease renewal stuck in the store")
+            await self._deposed(release=False)
+            return
+        ok = ended.result()
+        if ok is not None and self.lease is lease:  # the renewal failed: we lost the lease
             await self._deposed(release=ok)
+
+    def _renew_until_change(self, lease: Lease) -> bool | None:
+        """Runs in the renewal thread. Returns the last renew's outcome when that
+        stepped this replica down, None when it was let go some other way."""
+        while not self._let_go.is_set() and self.lease is lease:
+            started = time.monotonic()
+            try:
+                ok = self.leases.renew_lease(lease)
+            except Exception as exc:  # a store error: the lease is as good as lost
+                log.warning("cannot renew the leader lease", error=str(exc))
+                ok = False
+            if self._let_go.is_set() or self.lease is not lease:
+                return None
+            change = self.leader.renewed(ok, started, time.monotonic())
+            if change is not None:
+                log.warning("stepping down", epoch=change.epoch, reason=change.reason)
+                return ok
+            self._let_go.wait(self.settings.leader_renew_seconds)
+        return None
 
     async def step_down(self, reason: str, hold_off: bool = False) -> int:
         """Give the lease up at once (StepDown RPC, SIGTERM); returns the epoch held."""
@@ -199,6 +249,7 @@ class Election:
             await self._deposed(release=False)
 
     async def _deposed(self, release: bool) -> None:
+        self._let_go.set()
         LEADER_CHANGES.inc()
         self.on_deposed()
         lease, self.lease = self.lease, None

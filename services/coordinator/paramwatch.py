@@ -28,6 +28,34 @@ STATUS_TIMEOUT_S = 0.5
 COMMAND_TIMEOUT_S = 2.0
 
 
+async def promote_with_backups(
+    call, address: str, epoch: int, backups, coordinator_epoch: int, timeout: float
+):
+    """Configure the backups at ``epoch`` first, then promote ``address`` with those that
+    took it. Replicas adopt an epoch only from the coordinator, so a backup not told of
+    the new epoch would refuse the new primary's replication.
+
+    ``call(address, method, request, timeout)`` makes one paramserver call."""
+    told = await asyncio.gather(*(
+        call(b, "ConfigureReplica", paramserver.ConfigureReplicaRequest(
+            role=common.REPLICA_ROLE_BACKUP, epoch=epoch, coordinator_epoch=coordinator_epoch,
+        ), timeout)
+        for b in backups
+    ), return_exceptions=True)  # fmt: skip
+    kept = []
+    for backup, answer in zip(backups, told, strict=True):
+        if isinstance(answer, BaseException):
+            log.warning(
+                "backup not configured before a promotion", backup=backup, error=str(answer)
+            )
+        else:
+            kept.append(backup)
+    request = paramserver.PromoteRequest(
+        epoch=epoch, backups=kept, coordinator_epoch=coordinator_epoch
+    )
+    return await call(address, "Promote", request, timeout)
+
+
 class ReplicaLinks:
     """Cached stubs to paramserver replicas; every call has a deadline."""
 
@@ -48,12 +76,19 @@ class ReplicaLinks:
         return await self._call(address, "GetReplicaStatus", paramserver.GetReplicaStatusRequest(),
                                 STATUS_TIMEOUT_S)  # fmt: skip
 
-    async def promote(self, address: str, epoch: int, backups: tuple[str, ...]):
-        request = paramserver.PromoteRequest(epoch=epoch, backups=list(backups))
-        return await self._call(address, "Promote", request, COMMAND_TIMEOUT_S)
+    async def promote(
+        self, address: str, epoch: int, backups: tuple[str, ...], coordinator_epoch: int
+    ):
+        return await promote_with_backups(
+            self._call, address, epoch, backups, coordinator_epoch, COMMAND_TIMEOUT_S
+        )
 
-    async def configure(self, address: str, role: int, epoch: int, backups: tuple[str, ...] = ()):
-        request = paramserver.ConfigureReplicaRequest(role=role, epoch=epoch, backups=list(backups))
+    async def configure(
+        self, address: str, role: int, epoch: int, backups: tuple[str, ...] = (), *,
+        coordinator_epoch: int,
+    ):  # fmt: skip
+        request = paramserver.ConfigureReplicaRequest(role=role, epoch=epoch, backups=list(backups),
+                                                      coordinator_epoch=coordinator_epoch)  # fmt: skip
         return await self._call(address, "ConfigureReplica", request, COMMAND_TIMEOUT_S)
 
     async def _call(self, address: str, method: str, request, timeout: float):
@@ -190,7 +225,8 @@ class ParamWatch:
                 await self._add_backup(decision)
             elif isinstance(decision, promotion.DropBackups):
                 await self.links.configure(decision.primary_address, common.REPLICA_ROLE_PRIMARY,
-                                           decision.epoch, decision.backups)  # fmt: skip
+                                           decision.epoch, decision.backups,
+                                           coordinator_epoch=self.control.epoch)  # fmt: skip
                 log.warning("quarantined backups dropped", primary=decision.primary_address,
                             backups=list(decision.backups))  # fmt: skip
             else:
@@ -204,7 +240,7 @@ class ParamWatch:
         c = self.control
         async with c.lock:
             c.require_leader()  # a deposed leader must not command
-        await self.links.promote(d.address, d.epoch, d.backups)
+        await self.links.promote(d.address, d.epoch, d.backups, c.epoch)
         async with c.lock:
             c.require_leader()
             previous = c.groups.get(shard, ("", 0))[0]  # whose death this recovers from
@@ -219,10 +255,11 @@ class ParamWatch:
     async def _add_backup(self, d: promotion.AddBackup) -> None:
         async with self.control.lock:
             self.control.require_leader()
-        await self.links.configure(d.address, common.REPLICA_ROLE_BACKUP, d.epoch)
-        await self.links.configure(
-            d.primary_address, common.REPLICA_ROLE_PRIMARY, d.epoch, d.backups
-        )
+        epoch = self.control.epoch
+        await self.links.configure(d.address, common.REPLICA_ROLE_BACKUP, d.epoch,
+                                   coordinator_epoch=epoch)  # fmt: skip
+        await self.links.configure(d.primary_address, common.REPLICA_ROLE_PRIMARY, d.epoch,
+                                   d.backups, coordinator_epoch=epoch)  # fmt: skip
         log.info("added paramserver backup", backup=d.address, primary=d.primary_address)
 
     async def _group_lost(self, shard: int, d: promotion.GroupLost) -> None:

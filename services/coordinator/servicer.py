@@ -18,7 +18,8 @@ from services.coordinator.election import Election
 from services.coordinator.jobs import JobState
 from services.coordinator.membership import NodeRecord, Role
 from services.coordinator.settings import CoordinatorSettings
-from stalwart import jobspec
+from services.coordinator.taskerrors import TaskError
+from stalwart import jobspec, limits, usererrors
 from stalwart.api import common, coordinator, coordinator_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import rpc_handler
@@ -27,6 +28,10 @@ from stalwart.stores.common import check_key
 log = structlog.get_logger(__name__)
 
 WATCH_POLL_S = 1.0  # a watcher re-checks leadership at least this often
+_PHASES = {
+    coordinator.TASK_ERROR_PHASE_IMPORT: usererrors.IMPORT,
+    coordinator.TASK_ERROR_PHASE_STEP: usererrors.STEP,
+}
 
 
 class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
@@ -39,11 +44,17 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def CreateJob(self, request, context):
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
+        # off the event loop: nothing a client sends may hold up the lease or other calls
+        spec = await asyncio.to_thread(self._admissible, request)
+        job = await self.control.create_job(request.job_id, spec, request.request_id)
+        return coordinator.CreateJobResponse(job=job_to_proto(job))
+
+    def _admissible(self, request):
         jobspec.validate_job_id(request.job_id)
         spec = jobspec.normalized(request.spec)
         jobspec.validate_job_spec(spec, self.settings.max_slots, self.settings.max_steps)
-        job = await self.control.create_job(request.job_id, spec, request.request_id)
-        return coordinator.CreateJobResponse(job=job_to_proto(job))
+        return spec
 
     @rpc_handler
     async def GetJob(self, request, context):
@@ -52,6 +63,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def ListJobs(self, request, context):
         self.control.require_leader()
+        _check_filter("state", request.state, JOB_STATES_BACK)
         wanted = JOB_STATES_BACK.get(request.state)
         items = [j for j in self.control.jobs.values() if wanted is None or j.state is wanted]
         # newest first: sort by negated creation time
@@ -63,8 +75,19 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def CancelJob(self, request, context):
-        job = await self.control.cancel_job(request.job_id, request.reason)
+        _check_reason(request)
+        job = await self.control.once(
+            "CancelJob", request.request_id,
+            lambda: self.control.cancel_job(request.job_id, request.reason),
+            _job_key, self._job_named,
+        )  # fmt: skip
         return coordinator.CancelJobResponse(job=job_to_proto(job))
+
+    async def _job_named(self, key: bytes):
+        return self.control.job(key.decode())
+
+    async def _node_named(self, key: bytes):
+        return self.control.node(key.decode())
 
     # --- membership ----------------------------------------------------------------
 
@@ -82,6 +105,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
             )
         node_id = request.node_id or f"{role.value}-{_short_id()}"
         check_key("node_id", node_id)
+        limits.check_map("labels", request.labels)
         record = NodeRecord(node_id, role, request.address, standby=request.standby,
                             labels=dict(request.labels), shard=request.shard)  # fmt: skip
         node = await self.control.register(record)
@@ -138,13 +162,31 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def ReportGradient(self, request, context):
         sdc = self._sdc()
+        async with self.control.lock:
+            self.control.require_leader()
+            await self.control.check_node_epoch(request.epoch, f"node {request.node_id}")
         verdict = await sdc.report_gradient(request)
         return coordinator.ReportGradientResponse(verdict=verdict, epoch=self.control.epoch)
 
     @rpc_handler
     async def ReportCorruption(self, request, context):
+        limits.check_string("message", request.message, limits.MAX_REASON)
         state = await self._sdc().report_corruption(request)
         return coordinator.ReportCorruptionResponse(suspect_state=state)
+
+    @rpc_handler
+    async def ReportTaskError(self, request, context):
+        phase = _PHASES.get(request.phase)
+        if phase is None:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, "phase must be IMPORT or STEP")
+        limits.check_string("error_type", request.error_type, limits.MAX_ID)
+        limits.check_string("message", request.message, limits.MAX_REASON)
+        limits.check_string("location", request.location, limits.MAX_LOCATION)
+        error = TaskError(request.node_id, request.slot, request.step, phase,
+                          request.error_type, request.message, request.location)  # fmt: skip
+        job = await self.control.task_error(request.job_id, error)
+        proto = job_to_proto(job)
+        return coordinator.ReportTaskErrorResponse(job_state=proto.state, reason=proto.reason)
 
     def _sdc(self):
         if self.control.sdc is None:
@@ -154,6 +196,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def ListNodes(self, request, context):
         self.control.require_leader()
+        _check_filter("role", request.role, ROLES_BACK)
         wanted = ROLES_BACK.get(request.role)
         items = [
             n for n in self.control.members.nodes.values() if wanted is None or n.role is wanted
@@ -168,7 +211,12 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def DrainNode(self, request, context):
-        node = await self.control.drain_node(request.node_id, request.reason)
+        _check_reason(request)
+        node = await self.control.once(
+            "DrainNode", request.request_id,
+            lambda: self.control.drain_node(request.node_id, request.reason),
+            lambda n: n.node_id.encode(), self._node_named,
+        )  # fmt: skip
         return coordinator.DrainNodeResponse(node=self.control.node_proto(node))
 
     @rpc_handler
@@ -206,6 +254,16 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     @rpc_handler
     async def StepDown(self, request, context):
         self.control.require_leader()
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
+        key = f"StepDown:{request.request_id}"
+        if request.request_id:
+            # a retry (on this replica or the next leader) of a StepDown that already
+            # happened gets its answer and deposes nobody; the answer is stored
+            # first, since a leader that stepped down can write nothing more
+            stored = await self.control.io(self.control.state.answer, key)
+            if stored is not None:
+                return coordinator.StepDownResponse(epoch=int(stored))
+            await self.control.remember(key, str(self.control.epoch).encode())
         epoch = await self.election.step_down("StepDown requested", hold_off=True)
         return coordinator.StepDownResponse(epoch=epoch)
 
@@ -256,16 +314,25 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def CreateCheckpoint(self, request, context):
-        manifest = await self.checkpoints.create(request.job_id)
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
+        manifest = await self.control.once(
+            "CreateCheckpoint", request.request_id,
+            lambda: self.checkpoints.create(request.job_id),
+            lambda m: m.checkpoint_id.encode(), lambda b: self.checkpoints.find(b.decode()),
+        )  # fmt: skip
         return coordinator.CreateCheckpointResponse(checkpoint=manifest)
 
     @rpc_handler
     async def RestoreCheckpoint(self, request, context):
         self.control.require_leader()
+        limits.check_string("request_id", request.request_id, limits.MAX_ID)
         manifest = await self.checkpoints.find(request.checkpoint_id)
-        job = await self.checkpoints.restore(
-            manifest.job_id, manifest.checkpoint_id, "restore requested"
-        )
+        job = await self.control.once(
+            "RestoreCheckpoint", request.request_id,
+            lambda: self.checkpoints.restore(manifest.job_id, manifest.checkpoint_id,
+                                             "restore requested"),
+            _job_key, self._job_named,
+        )  # fmt: skip
         return coordinator.RestoreCheckpointResponse(job=job_to_proto(job))
 
     @rpc_handler
@@ -273,6 +340,23 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         self.control.require_leader()
         collected = await self.checkpoints.delete(request.checkpoint_id)
         return coordinator.DeleteCheckpointResponse(chunks_collected=collected)
+
+
+def _job_key(job) -> bytes:
+    return job.job_id.encode()
+
+
+def _check_filter(name: str, value: int, known: dict) -> None:
+    """An enum filter must be UNSPECIFIED (all) or a value this server knows."""
+    if value and value not in known:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT, f"{name} filter {value} is not a known value"
+        )
+
+
+def _check_reason(request) -> None:
+    limits.check_string("reason", request.reason, limits.MAX_REASON)
+    limits.check_string("request_id", request.request_id, limits.MAX_ID)
 
 
 def _matches(event: common.Event, job_id: str) -> bool:

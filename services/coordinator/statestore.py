@@ -10,6 +10,8 @@ Keys (under an optional prefix, so several clusters can share one store):
                             "lost": true while every replica is gone (restore pending)
     checkpoints/<job_id>    JSON: how many checkpoints the job has taken (tiering)
     requests/<hash>         job id admitted for a CreateJob request id
+    answers/<hash>          what another mutating call answered for its request id
+                            (a job, node or checkpoint id, an epoch): a retry gets it
     events/<sequence>       serialized stalwart.v1.Event, the newest N kept
 
 Fencing: a new leader raises ``coordinator/epoch`` to its own epoch (CAS, never
@@ -117,6 +119,18 @@ class StateStore:
         if self.store.kv_cas(key, None, job_id.encode()):
             return job_id
         return (self.store.kv_get(key) or job_id.encode()).decode()
+
+    def put_answer(self, epoch: int, key: str, value: bytes) -> bytes:
+        """Remember what the call ``key`` (method and request id) answered; returns the
+        value stored first (a concurrent retry may have won)."""
+        self.check(epoch)
+        name = self.key(f"answers/{_hash(key)}")
+        if self.store.kv_cas(name, None, value):
+            return value
+        return self.store.kv_get(name) or value
+
+    def answer(self, key: str) -> bytes | None:
+        return self.store.kv_get(self.key(f"answers/{_hash(key)}"))
 
     def append_events(self, epoch: int, events: list[common.Event], keep: int) -> None:
         self.check(epoch)

@@ -84,6 +84,7 @@ async def run(settings: ParamServerSettings) -> None:
         else None
     )
     if registration is not None:
+        servicer.admitted = registration.admitted
         registration.start()
     try:
         await runner.wait()

@@ -17,7 +17,7 @@ from services.paramserver.settings import ParamServerSettings
 from stalwart.api import common
 from stalwart.channel import ChannelConfig
 from stalwart.client.coordinator import CoordinatorClient, NodeSession
-from stalwart.errors import RpcError
+from stalwart.errors import ErrorKind, RpcError, StalwartError
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +35,7 @@ class Registration:
             node_id=settings.node_id, shard=settings.shard,
         )  # fmt: skip
         self._task: asyncio.Task | None = None
+        self._admitted: set[str] = set()  # job ids the coordinator confirmed
 
     def start(self) -> None:
         """Register and heartbeat in the background; serving never waits for it."""
@@ -48,6 +49,25 @@ class Registration:
             except (RpcError, TimeoutError) as err:
                 log.warning("cannot register with the coordinator yet", error=str(err))
                 await asyncio.sleep(RETRY_S)
+
+    async def admitted(self, job_id: str) -> bool:
+        """Whether the coordinator admitted ``job_id`` (asked once per job, then remembered).
+
+        A model for a job the coordinator never admitted is refused, so no caller
+        can park state on the paramservers outside the coordinator's books."""
+        if job_id in self._admitted:
+            return True
+        try:
+            await self.client.get_job(job_id)
+        except RpcError as err:
+            if err.kind in (ErrorKind.UNKNOWN_JOB, ErrorKind.NOT_FOUND):
+                return False
+            raise StalwartError(
+                ErrorKind.UNAVAILABLE,
+                f"cannot ask the coordinator whether job {job_id} was admitted; retry: {err}",
+            ) from None
+        self._admitted.add(job_id)
+        return True
 
     async def stop(self) -> None:
         if self._task is not None:

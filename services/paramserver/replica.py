@@ -1,14 +1,24 @@
 """A replica's role and epoch, and the fencing rules, as a plain state machine.
 
-Fed the epochs that arrive with requests, it answers whether to serve and
-changes role when it learns of a higher epoch. No grpc, no torch.
+Fed the epochs that arrive with requests, it answers whether to serve. No
+grpc, no torch.
+
+An epoch only rises by the coordinator's word: ``promote`` and ``configure``
+(the coordinator's configuration calls, checked against the coordinator epoch
+by the caller). An epoch carried by any other request is compared, never
+adopted, so no caller can fence a replica by naming a big number.
 
 Rules:
 - A client request with an epoch lower than ours is stale (the caller must
-  refresh); one with a higher epoch means someone else was promoted: we adopt
-  the epoch, and a primary is deposed and fences itself.
-- Replication traffic (from a primary) with a higher epoch is adopted: the
-  sender is the current primary and we follow it as a backup. Lower: refused.
+  refresh); one with a higher epoch is refused as ``UNKNOWN_EPOCH``: the caller
+  heard of a configuration this replica was not given (it is being deposed, or
+  the caller made the number up). The replica goes on serving its own epoch;
+  if it was deposed, its next write is refused by its backups (which the
+  coordinator configured first) and it fences itself then.
+- Replication traffic (from a primary) must carry exactly our epoch: lower is
+  a deposed primary (refused, and it fences itself), higher is a primary the
+  coordinator has not told us about yet (refused; the coordinator configures
+  backups before it promotes).
 - Promotion needs a strictly higher epoch.
 """
 
@@ -29,6 +39,8 @@ class Check(enum.Enum):
     STALE_EPOCH = "stale_epoch"  # the caller is behind
     NOT_PRIMARY = "not_primary"
     FENCED = "fenced"  # we are behind: someone else is primary
+    UNKNOWN_EPOCH = "unknown_epoch"  # the caller names an epoch nobody configured here
+    OLD_COORDINATOR = "old_coordinator"  # an order from a deposed coordinator leader
 
 
 @dataclass
@@ -45,18 +57,17 @@ class ReplicaState:
     role: Role
     epoch: int
     backups: dict[str, BackupLink] = field(default_factory=dict)
+    # highest coordinator epoch whose configuration call this replica obeyed: a
+    # deposed coordinator leader's later orders are refused
+    coordinator_epoch: int = 0
 
     def check_client(self, epoch: int) -> Check:
-        if epoch > self.epoch:
-            # Someone was promoted past us. Remember the epoch, so replication
-            # from the deposed primary is refused too; a primary stops serving.
-            self.epoch = epoch
-            if self.role is Role.PRIMARY:
-                self.role = Role.FENCED
         if self.role is Role.FENCED:
             return Check.FENCED
         if self.role is not Role.PRIMARY:
             return Check.NOT_PRIMARY
+        if epoch > self.epoch:
+            return Check.UNKNOWN_EPOCH  # compared, never adopted
         if epoch < self.epoch:
             return Check.STALE_EPOCH
         return Check.OK
@@ -64,28 +75,36 @@ class ReplicaState:
     def check_from_primary(self, epoch: int) -> Check:
         if epoch < self.epoch:
             return Check.STALE_EPOCH
-        if epoch > self.epoch or self.role is Role.FENCED:
-            self.epoch = epoch
-            self.role = Role.BACKUP
-            self.backups = {}
+        if epoch > self.epoch:
+            return Check.UNKNOWN_EPOCH  # wait for the coordinator's ConfigureReplica
         if self.role is Role.PRIMARY:  # same epoch, two primaries: never follow
             return Check.STALE_EPOCH
+        if self.role is Role.FENCED:  # deposed: only a configuration call brings it back
+            return Check.FENCED
         return Check.OK
 
     def fence(self) -> None:
         self.role = Role.FENCED
 
-    def promote(self, epoch: int, backups: list[str]) -> Check:
+    def promote(self, epoch: int, backups: list[str], coordinator_epoch: int = 0) -> Check:
+        if coordinator_epoch < self.coordinator_epoch:
+            return Check.OLD_COORDINATOR
         if epoch <= self.epoch:
             return Check.STALE_EPOCH
+        self.coordinator_epoch = coordinator_epoch
         self.epoch = epoch
         self.role = Role.PRIMARY
         self.backups = {a: BackupLink(a) for a in backups}
         return Check.OK
 
-    def configure(self, role: Role, epoch: int, backups: list[str]) -> Check:
+    def configure(
+        self, role: Role, epoch: int, backups: list[str], coordinator_epoch: int = 0
+    ) -> Check:
+        if coordinator_epoch < self.coordinator_epoch:
+            return Check.OLD_COORDINATOR
         if epoch < self.epoch:
             return Check.STALE_EPOCH
+        self.coordinator_epoch = coordinator_epoch
         self.epoch = epoch
         self.role = role
         keep = (

@@ -4,6 +4,7 @@ ReplicaState and Replicator. Torch work runs off the event loop."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -25,7 +26,17 @@ log = structlog.get_logger(__name__)
 _CHECK_ERRORS = {
     Check.STALE_EPOCH: (ErrorKind.STALE_EPOCH, "epoch {got} is older than this replica's {have}"),
     Check.NOT_PRIMARY: (ErrorKind.NOT_PRIMARY, "this replica is a backup; call the primary"),
-    Check.FENCED: (ErrorKind.FENCED, "this replica was deposed (epoch {got} > {have}); refresh"),
+    Check.FENCED: (ErrorKind.FENCED, "this replica was deposed at epoch {have}; refresh"),
+    Check.UNKNOWN_EPOCH: (
+        ErrorKind.UNKNOWN_EPOCH,
+        "epoch {got} is newer than this replica's {have} and no coordinator configured it "
+        "here; refresh the shard map",
+    ),
+    Check.OLD_COORDINATOR: (
+        ErrorKind.STALE_EPOCH,
+        "this order comes from an older coordinator leader than the last one obeyed "
+        "(coordinator epoch {coordinator}); ask the current leader",
+    ),
 }
 _ROLES = {
     Role.PRIMARY: common.REPLICA_ROLE_PRIMARY,
@@ -146,6 +157,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.jobs: dict[str, JobRuntime] = {}
         self.on_role_change = on_role_change or (lambda role: None)
         self.faults = faults or Faults()
+        # job_id -> whether the coordinator admitted it; None runs standalone (no check)
+        self.admitted: Callable[[str], Awaitable[bool]] | None = None
 
     # --- shared checks -----------------------------------------------------------
 
@@ -155,9 +168,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if check is Check.FENCED:
             self.on_role_change(self.replica.role)
         kind, text = _CHECK_ERRORS[check]
-        raise StalwartError(
-            kind, text.format(got=got, have=self.replica.epoch), epoch=self.replica.epoch
+        text = text.format(
+            got=got, have=self.replica.epoch, coordinator=self.replica.coordinator_epoch
         )
+        raise StalwartError(kind, text, epoch=self.replica.epoch)
 
     def _client(self, epoch: int) -> None:
         self._raise_check(self.replica.check_client(epoch), epoch)
@@ -188,6 +202,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self._client(header.epoch)
         if not header.job_id:
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "job_id is empty")
+        if header.job_id not in self.jobs:  # checked before a byte of the model is read
+            await self._check_admitted(header.job_id)
         assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
         tensors = assembler.finish()
         existing = self.jobs.get(header.job_id)
@@ -201,6 +217,14 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         async with job.lock:
             await self._install_everywhere(job)
         return paramserver.RegisterModelResponse(version=0)
+
+    async def _check_admitted(self, job_id: str) -> None:
+        if self.admitted is not None and not await self.admitted(job_id):
+            raise StalwartError(
+                ErrorKind.UNKNOWN_JOB,
+                f"job {job_id!r} was never admitted by the coordinator; submit it first",
+                job=job_id,
+            )
 
     async def _re_register(
         self, job: JobRuntime, header, tensors
@@ -477,7 +501,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     @rpc_handler
     async def Promote(self, request, context):
-        check = self.replica.promote(request.epoch, list(request.backups))
+        check = self.replica.promote(
+            request.epoch, list(request.backups), request.coordinator_epoch
+        )
         self._raise_check(check, request.epoch)
         for job in self.jobs.values():
             job.model.pending.clear()  # clients re-push whatever was not acknowledged
@@ -495,7 +521,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if role is None:
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "role must be PRIMARY or BACKUP")
         self._raise_check(
-            self.replica.configure(role, request.epoch, list(request.backups)), request.epoch
+            self.replica.configure(
+                role, request.epoch, list(request.backups), request.coordinator_epoch
+            ),
+            request.epoch,
         )
         self.on_role_change(self.replica.role)
         return paramserver.ConfigureReplicaResponse(

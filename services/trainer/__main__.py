@@ -19,7 +19,7 @@ from services.trainer.settings import TrainerSettings
 from services.trainer.sources import CoordinatorSource, FileSource
 from services.trainer.telemetry import Telemetry
 from services.trainer.worker import Worker
-from stalwart import log, training
+from stalwart import log, training, usererrors
 from stalwart.api import coordinator, trainer_grpc
 from stalwart.channel import ChannelConfig, open_channel
 from stalwart.client.coordinator import CoordinatorClient
@@ -71,7 +71,28 @@ def make_source(settings: TrainerSettings, worker: Worker, address: str, telemet
         worker, client, address, settings.node_id, settings.standby, telemetry.sample
     )
     _guard_data(worker, source, client)
+    _report_user_errors(worker, source, client)
     return source
+
+
+def _report_user_errors(
+    worker: Worker, source: CoordinatorSource, client: CoordinatorClient
+) -> None:
+    """The job's own code raised on this node: tell the coordinator (it fails the job
+    when the error repeats on another trainer, or at once for a model that won't import)."""
+    node_id = lambda: source.session.node_id  # noqa: E731 - known once registered
+    phases = {usererrors.IMPORT: coordinator.TASK_ERROR_PHASE_IMPORT,
+              usererrors.STEP: coordinator.TASK_ERROR_PHASE_STEP}  # fmt: skip
+
+    async def report_user_error(job_id: str, err: usererrors.UserCodeError) -> None:
+        answer = await client.report_task_error(node_id(), job_id, err.slot, err.step,
+                                                phases[err.phase], err.error_type, err.message,
+                                                err.location)  # fmt: skip
+        if answer.job_state == coordinator.JOB_STATE_FAILED:
+            log.get_logger(__name__).error("job failed of its own error", job=job_id,
+                                           reason=answer.reason)  # fmt: skip
+
+    worker.on_user_error = report_user_error
 
 
 def _guard_data(worker: Worker, source: CoordinatorSource, client: CoordinatorClient) -> None:

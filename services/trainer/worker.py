@@ -23,7 +23,7 @@ import torch
 
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
-from stalwart import abft, sdc, training
+from stalwart import abft, sdc, training, usererrors
 from stalwart.api import coordinator
 from stalwart.client.paramserver import ParamServerClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
@@ -37,6 +37,7 @@ Gate = Callable[[str, int, int, dict], Awaitable[bool]]
 ABFT_RETRIES = 2  # recomputations after an ABFT mismatch before the step fails
 PUSH_CHECK_S = 0.2  # how often a pending push looks for a moved shard map
 RETRY_PAUSE_S = 0.2  # between attempts after an error that needs no backoff of its own
+USER_ERROR_PAUSE_S = 1.0  # before retrying a step whose user code raised
 
 
 def _shape(a: coordinator.Assignment | None) -> tuple | None:
@@ -82,6 +83,8 @@ class Worker:
         self.gate: Gate | None = None  # duplicate-compute verdicts (services/trainer/dupcheck.py)
         # (kind, job id, step, message) from the executor thread: report corruption caught here
         self.on_corruption: Callable[[str, str, int, str], None] | None = None
+        # (job id, error) when the job's own code raised: reported to the coordinator
+        self.on_user_error: Callable[[str, usererrors.UserCodeError], Awaitable[None]] | None = None
         self.abft_stats = abft.AbftStats()
 
     # --- control ------------------------------------------------------------------
@@ -127,6 +130,26 @@ class Worker:
                 await self._step(assignment.slot)
         except (RpcError, StalwartError) as err:
             await self._on_error(err)
+        except usererrors.UserCodeError as err:
+            await self._on_user_error(assignment, err)
+
+    async def _on_user_error(
+        self, assignment: coordinator.Assignment, err: usererrors.UserCodeError
+    ) -> None:
+        """The job's own code raised: this trainer stays up, reports it and retries the
+        step (the coordinator fails the job when the error repeats); a model that does
+        not even import is never retried."""
+        logger.error("user code failed", job=assignment.job_id, phase=err.phase, slot=err.slot,
+                     step=err.step, error_type=err.error_type, error=err.message,
+                     location=err.location)  # fmt: skip
+        if err.phase == usererrors.IMPORT:
+            self.finished_jobs.add(assignment.job_id)
+        if self.on_user_error is not None:
+            try:
+                await self.on_user_error(assignment.job_id, err)
+            except (RpcError, StalwartError) as report_err:
+                logger.warning("user error report failed", error=str(report_err))
+        await self._wait_changed(USER_ERROR_PAUSE_S)
 
     async def _on_error(self, err: RpcError | StalwartError) -> None:
         if err.kind is ErrorKind.UNKNOWN_JOB and self.job is not None:
@@ -170,15 +193,22 @@ class Worker:
 
     def _build_job(self, assignment: coordinator.Assignment, shard_map: bytes) -> JobState:
         spec = assignment.spec
-        task = resolve(spec)
-        model = task.build_model(spec.seed).to(self.device)
+        with usererrors.user_code(usererrors.IMPORT):
+            try:
+                task = resolve(spec)
+            except StalwartError as err:  # cannot import it, or not a task: the job's error
+                raise usererrors.UserCodeError(
+                    usererrors.IMPORT, "ModelError", err.message
+                ) from None
+            model = task.build_model(spec.seed).to(self.device)
         if spec.abft:  # checksums only read the layers' values: gradients stay bitwise equal
             self.abft_stats, _ = abft.protect(model)
         # One throwaway gradient (slot 0, step 0; nothing is pushed, the weights are
         # untouched) pays the first-step costs now: loading the dataset (digits-cnn
         # imports scikit-learn) and autograd's start-up took ~5 s on two busy cores,
         # which a warm standby promoted into a slot would otherwise add to recovery.
-        training.compute_step(task, model, 0, 0, spec)
+        with usererrors.user_code(usererrors.STEP, slot=0, step=0):
+            training.compute_step(task, model, 0, 0, spec)
         client = self.make_client(assignment.shard_map)
         return JobState(assignment.job_id, spec, task, model, client, shard_map)
 
@@ -306,7 +336,8 @@ class Worker:
         """compute_step; an ABFT mismatch drops the result, is reported, and is recomputed."""
         for attempt in range(ABFT_RETRIES + 1):
             try:
-                return training.compute_step(job.task, job.model, slot, step, job.spec)
+                with usererrors.user_code(usererrors.STEP, slot=slot, step=step):
+                    return training.compute_step(job.task, job.model, slot, step, job.spec)
             except abft.AbftError as err:
                 sdc.DETECTIONS.labels("abft").inc()
                 logger.error("ABFT mismatch: result dropped", step=step, attempt=attempt,

@@ -211,6 +211,9 @@ def get(
     emit_record(output, f"job {job.job_id}", job, job_details)
 
 
+app.command("status", help="One job: state and reason, step, slots, spec (same as get).")(get)
+
+
 @app.command()
 @cli_errors
 @option_groups

@@ -69,7 +69,13 @@ def promote(
     backups: list[str] = typer.Option([], "--backup", "-b", help="backup host:port (repeat)"),
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Make a backup the primary under a higher epoch; the old primary is fenced."""
+    """Make a backup the primary under a higher epoch; the old primary is fenced.
+
+    The backups are configured at the new epoch first (replicas take an epoch only
+    from such configuration calls, never from the traffic they serve)."""
+    for backup in backups:
+        _call(backup, "ConfigureReplica", paramserver.ConfigureReplicaRequest(
+            role=common.REPLICA_ROLE_BACKUP, epoch=epoch))  # fmt: skip
     resp = _call(address, "Promote", paramserver.PromoteRequest(epoch=epoch, backups=backups))
     title = f"promoted {address} to primary at epoch {resp.epoch}"
     jobs = [(j.job_id, j.version) for j in resp.jobs]

@@ -257,6 +257,19 @@ class CoordinatorClient:
         )  # fmt: skip
         return (await self._call("ReportCorruption", request)).suspect_state
 
+    async def report_task_error(
+        self, node_id: str, job_id: str, slot: int, step: int, phase: int, error_type: str,
+        message: str, location: str = "",
+    ) -> coordinator.ReportTaskErrorResponse:  # fmt: skip
+        """Report that the job's own code raised (``phase``: a TASK_ERROR_PHASE_* value);
+        the answer says whether the job failed of it. Repeating a report is harmless:
+        only distinct trainers, or the third report of one, change anything."""
+        request = coordinator.ReportTaskErrorRequest(
+            node_id=node_id, job_id=job_id, slot=slot, step=step, phase=phase,
+            error_type=error_type, message=message, location=location,
+        )  # fmt: skip
+        return await self._call("ReportTaskError", request)
+
     async def get_shard_map(self, job_id: str) -> coordinator.GetShardMapResponse:
         """A job's shard groups: primary, backups and epoch of each."""
         return await self._call("GetShardMap", coordinator.GetShardMapRequest(job_id=job_id))

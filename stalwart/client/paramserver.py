@@ -27,6 +27,7 @@ _RETRY_KINDS = {
     ErrorKind.NOT_PRIMARY,
     ErrorKind.FENCED,
     ErrorKind.STALE_EPOCH,
+    ErrorKind.UNKNOWN_EPOCH,  # a replica not (yet) configured at our epoch: find the primary
     ErrorKind.DEADLINE_EXCEEDED,
 }
 

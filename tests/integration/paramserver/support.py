@@ -200,7 +200,16 @@ async def fingerprint(
     return await call(stub.GetFingerprint(request, timeout=TIMEOUT_S, wait_for_ready=True))
 
 
-async def promote(stub: Stub, epoch: int, backups: Sequence[str] = ()):
+async def configure_backup(stub: Stub, epoch: int):
+    request = paramserver.ConfigureReplicaRequest(role=common.REPLICA_ROLE_BACKUP, epoch=epoch)
+    return await call(stub.ConfigureReplica(request, timeout=TIMEOUT_S))
+
+
+async def promote(stub: Stub, epoch: int, backups: Sequence[str] = (), stub_for=None):
+    """Promote as the coordinator does: the backups are configured at the epoch first
+    (``stub_for`` reaches them), since replicas take an epoch from nothing else."""
+    for address in backups:
+        await configure_backup(stub_for(address), epoch)
     request = paramserver.PromoteRequest(epoch=epoch, backups=list(backups))
     return await call(stub.Promote(request, timeout=TIMEOUT_S))
 

@@ -65,7 +65,9 @@ async def test_kill_primary_mid_stream_every_acked_push_applied_once(launcher) -
             # coordinator will do: promote the backup under a higher epoch.
             kills.append({"acked": len(acked), "in_flight": set(in_flight)})
             a.kill()
-            reply = await promote(stub_for(b.address), epoch=2, backups=[c.address])
+            reply = await promote(
+                stub_for(b.address), epoch=2, backups=[c.address], stub_for=stub_for
+            )
             assert reply.epoch == 2 and [j.job_id for j in reply.jobs] == [job]
             failover_done.set()
 

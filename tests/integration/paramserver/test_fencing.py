@@ -1,7 +1,9 @@
 """Split brain: a deposed primary (partitioned, or revived with its old flags) cannot write.
 
-Epochs fence it: its backups refuse replication from a lower epoch, and a
-client that knows the higher epoch makes it fence itself.
+Epochs fence it: its backups refuse replication from a lower epoch, and it
+fences itself on that answer. An epoch only rises by the coordinator's word
+(Promote, ConfigureReplica): a higher epoch in any other request is refused and
+never adopted, so no caller can depose a primary by naming a big number.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from stalwart.api import common
+from stalwart.api import common, paramserver
 from tests.helpers import assert_eventually_async
 from tests.integration.paramserver.support import (
     assert_same_state,
@@ -132,23 +134,72 @@ async def test_partitioned_primary_is_fenced_and_a_revived_one_cannot_write(laun
                 DEPOSED,
             )
 
-            # the other order: the first thing it hears of is a client with epoch 2
+            # the other order: the first thing it hears of is a client with epoch 2,
+            # which it refuses without adopting the number ...
             a2 = revived["a-revived-2"]
             await expect_error(
-                pull_raw(stub_for(a2.address), JOB, epoch=2), Code.FAILED_PRECONDITION, DEPOSED
-            )
+                pull_raw(stub_for(a2.address), JOB, epoch=2), Code.FAILED_PRECONDITION,
+                "UNKNOWN_EPOCH",
+            )  # fmt: skip
             st = await status(stub_for(a2.address))
-            assert (st.role, st.epoch) == (common.REPLICA_ROLE_FENCED, 2)
-            # ... after which even an epoch-1 writer is refused before reaching the backup
-            await expect_error(
+            assert (st.role, st.epoch) == (common.REPLICA_ROLE_PRIMARY, 1)
+            # ... and its first write is refused by its backup, which fences it
+            err = await expect_error(
                 register_raw(stub_for(a2.address), header, other), Code.FAILED_PRECONDITION, DEPOSED
             )
+            assert "backup refused" in err.message
+            assert (await status(stub_for(a2.address))).role == common.REPLICA_ROLE_FENCED
             untouched = await fingerprint(stub_for(b.address), JOB)
             assert (untouched.version, untouched.combined) == (3, new_state.combined)
 
             # meanwhile the SDK keeps writing to the real primary
             result = await client.push(JOB, 3, 0, 3, grads(1.0))
             assert (result.version, client.primary) == (4, b.address)
+        finally:
+            await client.close()
+
+
+async def test_a_made_up_epoch_is_refused_and_the_primary_keeps_serving(launcher) -> None:
+    """The grpcurl call that used to depose a primary: Pull with epoch 1001."""
+    b = launcher.start("b", "--role", "backup")
+    a = launcher.start("a", "--role", "primary", "--epoch", "1", "--backups", b.address)
+    async with stubs() as stub_for:
+        client = group_client([a.address, b.address])
+        try:
+            header = model_header(JOB, initial(), sgd(0.5), consistency("async"), num_slots=1)
+            await client.register_model(header, list(initial().values()))
+            await client.push(JOB, 0, 0, 0, grads(1.0))
+
+            err = await expect_error(
+                pull_raw(stub_for(a.address), JOB, since_version=-1, epoch=1001),
+                Code.FAILED_PRECONDITION, "UNKNOWN_EPOCH",
+            )  # fmt: skip
+            assert "epoch 1001 is newer than this replica's 1" in err.message
+            await expect_error(
+                push_raw(stub_for(a.address), push_messages(JOB, 1, 0, grads(9.0), 1, epoch=1001)),
+                Code.FAILED_PRECONDITION, "UNKNOWN_EPOCH",
+            )  # fmt: skip
+            # replication traffic naming a higher epoch does not move the backup either
+            commit = paramserver.ReplicateCommitRequest(job_id=JOB, epoch=1001, base_version=1)
+            await expect_error(
+                stub_for(b.address).ReplicateCommit(commit, timeout=10),
+                Code.FAILED_PRECONDITION, "UNKNOWN_EPOCH",
+            )  # fmt: skip
+            for replica, role in (
+                (a, common.REPLICA_ROLE_PRIMARY),
+                (b, common.REPLICA_ROLE_BACKUP),
+            ):
+                st = await status(stub_for(replica.address))
+                assert (st.role, st.epoch) == (role, 1)
+            assert await health_status(a.address) == health_pb2.HealthCheckResponse.SERVING
+
+            # the primary goes on serving and replicating at its own epoch
+            result = await client.push(JOB, 1, 0, 1, grads(1.0))
+            assert (result.version, client.primary, client.epoch) == (2, a.address, 1)
+            settled = await assert_same_state(stub_for, [a, b], JOB)
+            assert settled.version == 2
+            _, params = await pull_raw(stub_for(a.address), JOB, epoch=1)
+            assert torch.equal(params["w"], initial()["w"] - 1.0)
         finally:
             await client.close()
 

@@ -21,7 +21,9 @@ CLIENT_CASES = [
     ("primary-equal", Role.PRIMARY, 5, Check.OK, Role.PRIMARY),
     ("primary-lower", Role.PRIMARY, 4, Check.STALE_EPOCH, Role.PRIMARY),
     ("primary-much-lower", Role.PRIMARY, 0, Check.STALE_EPOCH, Role.PRIMARY),
-    ("primary-higher-is-deposed", Role.PRIMARY, 6, Check.FENCED, Role.FENCED),
+    # a higher epoch is refused, never adopted: no caller can depose a primary
+    ("primary-higher-refused", Role.PRIMARY, 6, Check.UNKNOWN_EPOCH, Role.PRIMARY),
+    ("primary-much-higher-refused", Role.PRIMARY, 1001, Check.UNKNOWN_EPOCH, Role.PRIMARY),
     ("backup-equal", Role.BACKUP, 5, Check.NOT_PRIMARY, Role.BACKUP),
     ("backup-lower", Role.BACKUP, 4, Check.NOT_PRIMARY, Role.BACKUP),
     ("backup-higher", Role.BACKUP, 7, Check.NOT_PRIMARY, Role.BACKUP),
@@ -38,12 +40,19 @@ def test_check_client(role, epoch, check, after):
     state = replica(role)
     assert state.check_client(epoch) is check
     assert state.role is after
-    assert state.epoch == max(5, epoch)  # a higher client epoch is adopted, never a lower one
+    assert state.epoch == 5  # a client's epoch is compared, never adopted
+
+
+def test_primary_keeps_serving_after_a_made_up_epoch():
+    state = replica(Role.PRIMARY)
+    assert state.check_client(1001) is Check.UNKNOWN_EPOCH
+    assert state.check_client(5) is Check.OK
+    assert (state.role, state.epoch) == (Role.PRIMARY, 5)
 
 
 def test_deposed_primary_stays_fenced_for_every_later_client():
     state = replica(Role.PRIMARY)
-    assert state.check_client(6) is Check.FENCED
+    state.fence()
     for epoch in (4, 5, 6, 7):
         assert state.check_client(epoch) is Check.FENCED
     assert state.role is Role.FENCED
@@ -55,12 +64,13 @@ PRIMARY_CASES = [
     # (id, our role, sender epoch, check, role after, epoch after)
     ("backup-equal-follows", Role.BACKUP, 5, Check.OK, Role.BACKUP, 5),
     ("backup-lower-refused", Role.BACKUP, 4, Check.STALE_EPOCH, Role.BACKUP, 5),
-    ("backup-higher-adopted", Role.BACKUP, 8, Check.OK, Role.BACKUP, 8),
-    ("primary-higher-becomes-backup", Role.PRIMARY, 6, Check.OK, Role.BACKUP, 6),
+    # only the coordinator's configuration calls raise an epoch
+    ("backup-higher-refused", Role.BACKUP, 8, Check.UNKNOWN_EPOCH, Role.BACKUP, 5),
+    ("primary-higher-refused", Role.PRIMARY, 6, Check.UNKNOWN_EPOCH, Role.PRIMARY, 5),
     ("primary-equal-never-follows", Role.PRIMARY, 5, Check.STALE_EPOCH, Role.PRIMARY, 5),
     ("primary-lower-refused", Role.PRIMARY, 2, Check.STALE_EPOCH, Role.PRIMARY, 5),
-    ("fenced-equal-follows", Role.FENCED, 5, Check.OK, Role.BACKUP, 5),
-    ("fenced-higher-follows", Role.FENCED, 9, Check.OK, Role.BACKUP, 9),
+    ("fenced-equal-refused", Role.FENCED, 5, Check.FENCED, Role.FENCED, 5),
+    ("fenced-higher-refused", Role.FENCED, 9, Check.UNKNOWN_EPOCH, Role.FENCED, 5),
     ("fenced-lower-refused", Role.FENCED, 4, Check.STALE_EPOCH, Role.FENCED, 5),
 ]
 
@@ -82,24 +92,32 @@ def test_check_from_primary(role, epoch, check, after, epoch_after):
         assert state.backups == backups_before
 
 
-def test_primary_that_became_backup_refuses_clients_and_old_primary_traffic():
+def test_configured_backup_refuses_clients_and_old_primary_traffic():
     state = replica(Role.PRIMARY, epoch=3)
-    assert state.check_from_primary(4) is Check.OK
-    assert state.role is Role.BACKUP
+    assert state.configure(Role.BACKUP, 4, [], coordinator_epoch=2) is Check.OK
     assert state.check_client(4) is Check.NOT_PRIMARY
     assert state.check_client(3) is Check.NOT_PRIMARY
     assert state.check_from_primary(3) is Check.STALE_EPOCH  # the old primary, fenced
     assert state.check_from_primary(4) is Check.OK
 
 
-def test_client_with_new_epoch_then_replication_from_new_primary():
+def test_fenced_replica_returns_only_by_a_configuration_call():
     state = replica(Role.PRIMARY, epoch=1)
-    assert state.check_client(2) is Check.FENCED
-    assert (state.role, state.epoch) == (Role.FENCED, 2)
-    assert state.check_from_primary(1) is Check.STALE_EPOCH  # the deposed primary's epoch
-    assert state.role is Role.FENCED
+    state.fence()
+    assert state.check_from_primary(2) is Check.UNKNOWN_EPOCH
+    assert state.configure(Role.BACKUP, 2, []) is Check.OK
     assert state.check_from_primary(2) is Check.OK
     assert (state.role, state.epoch) == (Role.BACKUP, 2)
+
+
+def test_orders_of_a_deposed_coordinator_are_refused():
+    state = replica(Role.BACKUP, epoch=1)
+    assert state.configure(Role.BACKUP, 2, [], coordinator_epoch=7) is Check.OK
+    assert state.promote(3, [], coordinator_epoch=6) is Check.OLD_COORDINATOR
+    assert state.configure(Role.PRIMARY, 3, [], coordinator_epoch=6) is Check.OLD_COORDINATOR
+    assert (state.role, state.epoch, state.coordinator_epoch) == (Role.BACKUP, 2, 7)
+    assert state.promote(3, [], coordinator_epoch=8) is Check.OK
+    assert (state.role, state.epoch, state.coordinator_epoch) == (Role.PRIMARY, 3, 8)
 
 
 def test_fence():

@@ -1,0 +1,84 @@
+"""When does an error in the job's own code fail the job? Pure: fed the trainers' reports.
+
+A model that cannot be imported fails the job at once: every trainer runs the
+same module, and nothing the platform does will change it. An error while
+computing a step could also be one machine's fault (a broken driver, a bad
+disk under the dataset), so one report only counts; the job fails when
+
+- the same error (phase, type, message, user's file:line) comes from two
+  different trainers at the same step, whichever slots they computed (a bug in
+  ``loss`` hits every slot of the step alike), or
+- one trainer reports it three times for the same slot and step (a job with
+  one trainer and no standby has nobody else to ask).
+
+The counts live in the leader's memory: a new leader starts them afresh, which
+costs at most the reports of one more retry.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+REPEATS_ON_ONE_TRAINER = 3
+REMEMBERED = 10_000  # (job, step, error) entries kept, oldest dropped first
+
+
+@dataclass(frozen=True)
+class TaskError:
+    node_id: str
+    slot: int
+    step: int
+    phase: str  # "import" | "step" (stalwart.usererrors)
+    error_type: str
+    message: str
+    location: str = ""
+
+    def signature(self) -> tuple[str, str, str, str]:
+        return (self.phase, self.error_type, self.message, self.location)
+
+    def describe(self) -> str:
+        where = f" at {self.location}" if self.location else ""
+        if self.phase == "import":
+            return f"the model cannot be loaded: {self.error_type}: {self.message}{where}"
+        return (
+            f"user code failed at step {self.step} (slot {self.slot}): "
+            f"{self.error_type}: {self.message}{where}"
+        )
+
+
+@dataclass
+class _Seen:
+    nodes: set[str] = field(default_factory=set)
+    per_slot: dict[tuple[str, int], int] = field(default_factory=dict)  # (node, slot) -> reports
+
+
+class TaskErrors:
+    def __init__(self, repeats: int = REPEATS_ON_ONE_TRAINER, remembered: int = REMEMBERED):
+        self.repeats = repeats
+        self.remembered = remembered
+        self._seen: OrderedDict[tuple, _Seen] = OrderedDict()
+
+    def record(self, job_id: str, error: TaskError) -> str | None:
+        """Count one report; the job's failure reason when it should fail now, else None."""
+        if error.phase == "import":
+            return error.describe()
+        key = (job_id, error.step, error.signature())
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._seen[key] = _Seen()
+            while len(self._seen) > self.remembered:
+                self._seen.popitem(last=False)
+        seen.nodes.add(error.node_id)
+        at = (error.node_id, error.slot)
+        seen.per_slot[at] = seen.per_slot.get(at, 0) + 1
+        if len(seen.nodes) >= 2:
+            return error.describe() + f" (on {len(seen.nodes)} trainers)"
+        if seen.per_slot[at] >= self.repeats:
+            return error.describe() + f" ({seen.per_slot[at]} times on {error.node_id})"
+        return None
+
+    def forget(self, job_id: str) -> None:
+        """The job finished: its counts are of no more use."""
+        for key in [k for k in self._seen if k[0] == job_id]:
+            del self._seen[key]

@@ -1,0 +1,105 @@
+"""Bugs in the user's task, with real trainers, paramservers and a coordinator: the
+trainers stay up and report them, and the job fails with the error as its reason,
+shown by `stalwart jobs` and `stalwart job status`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stalwart import models
+from stalwart.api import common, coordinator
+from stalwart.client import CoordinatorClient
+from tests.helpers import assert_eventually_async
+from tests.integration.coordinator.support import wait_leader
+
+from .conftest import ROOT
+from .test_trainer_with_coordinator import trainer_status, wait_job_done
+
+pytestmark = pytest.mark.timeout(300)
+
+BROKEN = "tests.integration.trainer.broken_task"
+
+
+def _spec(model: str, slots: int = 2) -> coordinator.JobSpec:
+    spec = models.default_spec("mlp", num_slots=slots, steps=5, batch_size=8)
+    spec.model = model
+    return spec
+
+
+async def _cluster(procs, trainers: int):
+    coord = procs.coordinator("c1")
+    await wait_leader(coord.address)
+    join = ("--coordinator", coord.address)
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    procs.start("services.paramserver", "ps-p", "--role", "primary", "--backups", backup.address,
+                *join)  # fmt: skip
+    names = [f"tr{i}" for i in range(trainers)]
+    started = [procs.trainer(name, *join) for name in names]
+    return coord, started
+
+
+async def _registered(client: CoordinatorClient, names: set[str]) -> None:
+    async def all_there():
+        nodes = await client.all_nodes(common.NODE_ROLE_TRAINER)
+        assert {n.node_id for n in nodes} == names
+
+    await assert_eventually_async(all_there, timeout=60)
+
+
+def _cli(*args: str) -> str:
+    env = {**os.environ, "COLUMNS": "400"}  # a table wide enough for the whole reason
+    done = subprocess.run([sys.executable, "-m", "stalwart.cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    ("task", "words"),
+    [("loss_raises", "ValueError: the loss went wrong at "),
+     ("wrong_shape", "mat1 and mat2 shapes cannot be multiplied")],
+)  # fmt: skip
+async def test_a_bug_in_the_task_fails_the_job_and_the_trainers_stay_up(cluster_procs, task, words):
+    coord, trainers = await _cluster(cluster_procs, 2)
+    async with CoordinatorClient(coord.address) as client:
+        await _registered(client, {"tr0", "tr1"})
+        job = await client.create_job(_spec(f"{BROKEN}:{task}"), job_id="broken")
+        done = await wait_job_done(client, job.job_id, 120)
+        assert done.state == coordinator.JOB_STATE_FAILED
+        assert words in done.reason and "(on 2 trainers)" in done.reason, done.reason
+        if task == "loss_raises":
+            assert "broken_task.py:" in done.reason and "in loss" in done.reason  # user's line
+        # the trainers were never killed by it: alive, registered, answering
+        for proc in trainers:
+            assert proc.alive()
+            assert (await trainer_status(proc.address)).node_id == proc.name.split("-", 1)[1]
+        nodes = await client.all_nodes(common.NODE_ROLE_TRAINER)
+        assert {n.state for n in nodes} == {coordinator.NODE_STATE_ALIVE}
+    table = await asyncio.to_thread(_cli, "jobs", "--coordinator", coord.address)
+    assert " failed " in table and "user code failed at step 0" in table
+    status = json.loads(await asyncio.to_thread(
+        _cli, "job", "status", "broken", "--coordinator", coord.address, "-o", "json"))  # fmt: skip
+    assert status["state"] == "JOB_STATE_FAILED" and words in status["reason"]
+
+
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [("tests.integration.trainer.broken_import:make",
+      "RuntimeError: cannot load the vocabulary file at "),
+     ("tests.integration.trainer.no_such_module:make", "cannot import")],
+)  # fmt: skip
+async def test_a_model_that_cannot_be_imported_fails_the_job(cluster_procs, model, words):
+    coord, (trainer,) = await _cluster(cluster_procs, 1)
+    async with CoordinatorClient(coord.address) as client:
+        await _registered(client, {"tr0"})
+        job = await client.create_job(_spec(model, slots=1), job_id="unloadable")
+        done = await wait_job_done(client, job.job_id, 60)
+        assert done.state == coordinator.JOB_STATE_FAILED
+        assert done.reason.startswith("the model cannot be loaded: ") and words in done.reason
+        assert trainer.alive()

@@ -1,0 +1,103 @@
+"""Idempotency keys and the leader lease's own thread, against a real shm:// store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.coordinator.control import Control
+from services.coordinator.election import Election
+from services.coordinator.leader import LeaderState, Role
+from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.statestore import StateStore
+from stalwart.stores import open_store
+from tests.helpers import assert_eventually_async
+
+
+def _leader(url: str, epoch: int) -> Control:
+    settings = CoordinatorSettings(store_url=url)
+    leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
+    leader.acquired(epoch, f"c{epoch}@127.0.0.1:{epoch}", time.monotonic() + 3600)
+    control = Control(settings, StateStore(open_store(url), "t"), leader)
+    control.state.take_over(epoch)
+    control.epoch = epoch
+    return control
+
+
+def test_a_request_id_runs_once_also_on_the_next_leader(tmp_path):
+    url = f"shm://{tmp_path}/state"
+    runs: list[str] = []
+
+    async def run():
+        runs.append("ran")
+        await asyncio.sleep(0.05)  # long enough for the concurrent retry to arrive
+        return "ckpt-1"
+
+    async def decode(raw: bytes):
+        return "found " + raw.decode()
+
+    async def scenario():
+        first = _leader(url, 1)
+        answers = await asyncio.gather(*(first.once("M", "r1", run, str.encode, decode)
+                                          for _ in range(3)))  # fmt: skip
+        assert answers == ["ckpt-1"] * 3 and runs == ["ran"]
+        assert await first.once("M", "r1", run, str.encode, decode) == "found ckpt-1"
+        assert await first.once("Other", "r1", run, str.encode, decode) == "ckpt-1"
+        second = _leader(url, 2)  # took over: its store holds the answers
+        assert await second.once("M", "r1", run, str.encode, decode) == "found ckpt-1"
+        assert runs == ["ran", "ran"]  # only "Other" ran a second time
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_call_is_not_remembered(tmp_path):
+    control_url = f"shm://{tmp_path}/state"
+    calls = []
+
+    async def scenario():
+        control = _leader(control_url, 1)
+
+        async def boom():
+            calls.append(1)
+            raise RuntimeError("no")
+
+        for _ in range(2):
+            with pytest.raises(RuntimeError):
+                await control.once("M", "r1", boom, str.encode, None)
+        assert len(calls) == 2
+
+    asyncio.run(scenario())
+
+
+def test_the_lease_is_renewed_while_the_event_loop_is_blocked(tmp_path):
+    """A handler that holds the event loop (a huge request, a slow parse) for longer than
+    the lease TTL: the renewal thread keeps the lease, so the leader keeps acting."""
+    url = f"shm://{tmp_path}/state"
+    settings = CoordinatorSettings(store_url=url, leader_ttl_seconds=3.0,
+                                   leader_renew_seconds=0.5, leader_margin_seconds=0.5)  # fmt: skip
+    state = StateStore(open_store(url), "t")
+    leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
+    elected: list[int] = []
+
+    async def on_elected(epoch: int) -> None:
+        elected.append(epoch)
+
+    election = Election(state, leader, "c1@127.0.0.1:1", settings, on_elected, lambda: None)
+
+    async def scenario():
+        task = asyncio.create_task(election.run())
+
+        async def was_elected():
+            assert elected == [1]
+
+        await assert_eventually_async(was_elected, timeout=30)
+        time.sleep(3 * settings.leader_ttl_seconds)  # the loop does nothing else meanwhile
+        assert leader.role is Role.LEADER and leader.acting(time.monotonic())
+        current = state.store.get_lease(state.lease_name)
+        assert current is not None and current.holder == "c1@127.0.0.1:1"
+        await election.stop()
+        task.cancel()
+
+    asyncio.run(scenario())
