@@ -154,6 +154,14 @@ class LocalCluster:
         else:
             _signal_group(self.member(name).pid, signal.SIGKILL)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP the member's process group: a hung process (GC pause, starved VM)."""
+        _signal_group(self.member(name).pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a paused member."""
+        _signal_group(self.member(name).pid, signal.SIGCONT)
+
     def alive(self, name: str) -> bool:
         proc = self.procs.get(name)
         return proc.alive() if proc is not None else _is_ours(self.member(name))

@@ -6,6 +6,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
+from services.coordinator.detector import DetectorConfig
 from stalwart.settings import ServiceSettings
 
 
@@ -31,8 +32,17 @@ class CoordinatorSettings(ServiceSettings):
     leader_margin_seconds: float = Field(default=0.2, ge=0)
     """The leader stops acting this long before its lease could lapse in the store."""
 
-    node_lease_seconds: float = Field(default=1.0, gt=0)
-    """Lease granted to nodes; a node silent this long is declared dead."""
+    node_lease_seconds: float = Field(default=3.0, gt=0)
+    """Floor of failure detection: no node is declared dead for a silence shorter than
+    this (granted on registration and after a leader change). Above it the accrual
+    detector decides from the node's own beat intervals (docs/control-plane.md)."""
+
+    node_phi_threshold: float = Field(default=8.0, gt=0)
+    """Suspicion (phi) at which a silent node is declared dead: its silence is this
+    unlikely, -log10 of the probability, given the intervals its beats arrived at."""
+
+    node_dead_max_seconds: float = Field(default=30.0, gt=0)
+    """Ceiling of failure detection: a node silent this long is dead whatever its history."""
 
     heartbeat_interval_seconds: float = Field(default=0.2, gt=0)
     """Beat interval nodes are told to keep."""
@@ -107,4 +117,15 @@ class CoordinatorSettings(ServiceSettings):
             )
         if self.heartbeat_interval_seconds >= self.node_lease_seconds:
             raise ValueError("heartbeat_interval_seconds must be < node_lease_seconds")
+        if self.node_dead_max_seconds < self.node_lease_seconds:
+            raise ValueError("node_dead_max_seconds must be >= node_lease_seconds")
         return self
+
+    def detector(self) -> DetectorConfig:
+        """The failure detector's configuration (services/coordinator/detector.py)."""
+        return DetectorConfig(
+            interval_s=self.heartbeat_interval_seconds,
+            floor_s=self.node_lease_seconds,
+            ceiling_s=self.node_dead_max_seconds,
+            threshold=self.node_phi_threshold,
+        )
