@@ -26,6 +26,9 @@ log = structlog.get_logger(__name__)
 
 STATUS_TIMEOUT_S = 0.5
 COMMAND_TIMEOUT_S = 2.0
+# Polls in a row without an answer after which a replica counts as slow: a backup
+# that is slow gives its place to a warm spare (it is not declared dead for that).
+SLOW_POLLS = 2
 
 
 class ReplicaLinks:
@@ -73,10 +76,13 @@ def refused(answer: BaseException) -> bool:
 
 
 class ParamWatch:
-    def __init__(self, control: Control, links: ReplicaLinks, unreachable_polls: int) -> None:
+    def __init__(
+        self, control: Control, links: ReplicaLinks, unreachable_polls: int, backups: int = 0
+    ) -> None:
         self.control = control
         self.links = links
         self.unreachable_polls = unreachable_polls
+        self.backups = backups  # wanted per group; 0: every live replica
         self._failures: dict[str, int] = {}  # consecutive refused polls
         self._slow: dict[str, int] = {}  # consecutive polls that got no answer in time
 
@@ -143,8 +149,9 @@ class ParamWatch:
             )
             quarantined = node.state is NodeState.QUARANTINED
             alive = node.leased and node.state is not NodeState.DEAD and not quarantined
+            slow = self._slow.get(node.node_id, 0) >= SLOW_POLLS
             out.append(promotion.ReplicaView(view.node_id, node.address, alive, view.role, view.epoch,
-                                             view.versions, view.backups, quarantined))  # fmt: skip
+                                             view.versions, view.backups, quarantined, slow))  # fmt: skip
         return out
 
     def shards(self) -> list[int]:
@@ -172,7 +179,8 @@ class ParamWatch:
                 j.job_id for j in c.jobs.values()
                 if not j.finished and shard < j.num_shards and j.step > 0
             )  # fmt: skip
-            out += [(shard, d) for d in promotion.decide(self.group(shard), primary_id, committed)]
+            decided = promotion.decide(self.group(shard), primary_id, committed, self.backups)
+            out += [(shard, d) for d in decided]
         return out
 
     def _progress(self) -> None:

@@ -57,6 +57,11 @@ class CoordinatorSettings(ServiceSettings):
     """Consecutive refused polls after which a paramserver is declared dead before its
     lease ends (it has no process listening any more); 0 waits for the lease."""
 
+    paramserver_backups: int = Field(default=0, ge=0)
+    """Backups each shard group's primary replicates to. Further live replicas of the
+    group are warm spares: one is installed as backup in the place of a backup that
+    died or stopped answering polls. 0: every live replica is a backup."""
+
     store_timeout_seconds: float = Field(default=2.0, gt=0)
     """Longest one store operation may take before it counts as failed."""
 

@@ -589,6 +589,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 for address in list(self.replica.backups):
                     if address in self.replicator.synced(job.model.job_id):
                         continue
+                    if not await self.replicator.answers(address):
+                        continue  # hung or gone: try again next round, outside the lock
                     async with job.lock:
                         if address in self.replicator.synced(job.model.job_id):
                             continue  # a commit or registration synced it meanwhile
