@@ -108,7 +108,8 @@ class CoordinatorSettings(ServiceSettings):
 
     duplicate_check_timeout_seconds: float = Field(default=10.0, gt=0)
     """A trainer asked to recompute a sampled batch that has not answered by then is
-    replaced by another; with nobody left the batch is pushed unverified."""
+    replaced by another; when all were too slow they are asked again (a sampled batch
+    is never pushed unverified for slowness; only with no other trainer at all)."""
 
     @property
     def checkpoint_store_url(self) -> str:
