@@ -42,7 +42,8 @@ class CoordinatorSettings(ServiceSettings):
     unlikely, -log10 of the probability, given the intervals its beats arrived at."""
 
     node_dead_max_seconds: float = Field(default=30.0, gt=0)
-    """Ceiling of failure detection: a node silent this long is dead whatever its history."""
+    """Ceiling of failure detection: a node silent this long is dead whatever its history
+    (never below node_lease_seconds: a longer floor raises it)."""
 
     heartbeat_interval_seconds: float = Field(default=0.2, gt=0)
     """Beat interval nodes are told to keep."""
@@ -123,8 +124,6 @@ class CoordinatorSettings(ServiceSettings):
             )
         if self.heartbeat_interval_seconds >= self.node_lease_seconds:
             raise ValueError("heartbeat_interval_seconds must be < node_lease_seconds")
-        if self.node_dead_max_seconds < self.node_lease_seconds:
-            raise ValueError("node_dead_max_seconds must be >= node_lease_seconds")
         return self
 
     def detector(self) -> DetectorConfig:
@@ -132,6 +131,6 @@ class CoordinatorSettings(ServiceSettings):
         return DetectorConfig(
             interval_s=self.heartbeat_interval_seconds,
             floor_s=self.node_lease_seconds,
-            ceiling_s=self.node_dead_max_seconds,
+            ceiling_s=max(self.node_dead_max_seconds, self.node_lease_seconds),
             threshold=self.node_phi_threshold,
         )

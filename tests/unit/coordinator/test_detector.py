@@ -132,6 +132,6 @@ def test_fixed_lease_without_a_detector():
     assert [n.node_id for n in m.expire(1.0)] == ["t1"]
 
 
-def test_settings_refuse_a_ceiling_below_the_floor():
-    with pytest.raises(ValueError):
-        CoordinatorSettings(node_lease_seconds=5.0, node_dead_max_seconds=4.0)
+def test_a_floor_above_the_ceiling_raises_the_ceiling():
+    config = CoordinatorSettings(node_lease_seconds=60.0, node_dead_max_seconds=30.0).detector()
+    assert config.floor_s == config.ceiling_s == 60.0
