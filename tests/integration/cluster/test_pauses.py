@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 import pytest
 
 from stalwart import cluster
 from stalwart.api import coordinator
 from stalwart.client.coordinator import CoordinatorClient
-from stalwart.demo.run import FINISHED
-from stalwart.demo.watch import EventRecorder, param_client, pull_weights
+from stalwart.demo.watch import EventRecorder
 from tests.integration.cluster.support import (
     JOB_TIMEOUT_S,
     assert_bitwise_equal,
+    finish_and_pull,
     reference,
     small_spec,
 )
@@ -71,16 +70,7 @@ async def _run_paused(local: cluster.LocalCluster, spec, kind: str, pause_s: flo
             finally:
                 await asyncio.to_thread(local.resume, name)
             stepped_while_paused = recorder.step - paused_at
-            deadline = time.monotonic() + JOB_TIMEOUT_S
-            while job.state not in FINISHED:
-                assert time.monotonic() < deadline, f"job stuck at step {job.step}"
-                await asyncio.sleep(0.3)
-                job = await client.get_job(job.job_id)
-            ps = await param_client(client, job.job_id, spec)
-            try:
-                version, weights = await pull_weights(ps, job.job_id, spec.steps)
-            finally:
-                await ps.close()
+            job, version, weights = await finish_and_pull(client, job, spec)
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
