@@ -641,6 +641,39 @@ def apply_retention(
     return RetentionResult(list(decision.keep), list(decision.delete), deleted)
 
 
+# --- capacity -----------------------------------------------------------------------
+
+
+def require_room(store: Store, job_id: str, needed_bytes: int) -> None:
+    """Refuse, before a byte is written, a checkpoint that may not fit the store.
+
+    ``needed_bytes`` is what the write may cost at most (the state's size; a
+    delta costs less). RESOURCE_EXHAUSTED names the figures; nothing is written,
+    so the newest complete checkpoint stays valid and training goes on."""
+    cap = store.capacity()
+    if cap is None or needed_bytes <= cap.free_bytes:
+        return
+    raise StalwartError(
+        ErrorKind.STORE_FULL,
+        f"checkpoint of {job_id} needs up to {needed_bytes} bytes but store {store.url} has "
+        f"{cap.free_bytes} of its {cap.limit_bytes} free; not written (the last complete "
+        f"checkpoint stays valid). Raise the store's budget or delete checkpoints.",
+        store=store.url,
+    )
+
+
+def make_room(
+    store: Store, job_id: str, needed_bytes: int, *, live_jobs: Iterable[str] = ()
+) -> None:
+    """Before a checkpoint of ``job_id``: when it may not fit, apply retention down
+    to the newest checkpoint of the job (which stays), then require the room."""
+    cap = store.capacity()
+    if cap is None or needed_bytes <= cap.free_bytes:
+        return
+    apply_retention(store, job_id, 1, live_jobs=live_jobs)
+    require_room(store, job_id, needed_bytes)
+
+
 def delete_checkpoint(
     store: Store, job_id: str, checkpoint_id: str, *, live_jobs: Iterable[str] = ()
 ) -> int:

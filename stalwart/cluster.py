@@ -3,7 +3,8 @@
 ``stalwart up`` (and the demo, tests and benchmarks) start, with :func:`start`:
 
 - 2 coordinators sharing one ``shm://`` store (one leads, one is a hot standby);
-- per shard group a paramserver primary and its backup(s), registered with them;
+- per shard group a paramserver primary, its backup(s) and a warm spare replica
+  (the coordinator installs the spare as backup when a backup dies or hangs);
 - N trainers and M warm standbys.
 
 Everything goes under one run folder ``runs/<timestamp>/``: the state file
@@ -65,6 +66,9 @@ class ClusterConfig:
     """Paramserver shard groups."""
     backups: int = 1
     """Backups per shard group (each group also has a primary)."""
+    spares: int = 1
+    """Warm spare paramserver replicas per shard group: registered, holding no state
+    until the coordinator installs one as backup in the place of a dead or hung one."""
     coordinators: int = 2
     """Coordinator replicas (one leader, the rest hot standbys)."""
     store_url: str = ""
@@ -154,6 +158,14 @@ class LocalCluster:
         else:
             _signal_group(self.member(name).pid, signal.SIGKILL)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP the member's process group: a hung process (GC pause, starved VM)."""
+        _signal_group(self.member(name).pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a paused member."""
+        _signal_group(self.member(name).pid, signal.SIGCONT)
+
     def alive(self, name: str) -> bool:
         proc = self.procs.get(name)
         return proc.alive() if proc is not None else _is_ours(self.member(name))
@@ -172,7 +184,7 @@ class LocalCluster:
         n = sum(1 for m in self.members if m.name.startswith(f"{name}.")) + 1
         new = f"{name}.{n}"
         if dead.role == "coordinator":
-            spec = _coordinator_spec(new, self.store_url)
+            spec = _coordinator_spec(new, self.store_url, self.config)
             same_port = _Spec(
                 new, spec.role, (*spec.args, "--port", dead.address.rsplit(":", 1)[1])
             )
@@ -253,8 +265,11 @@ class _Spec:
     env: dict[str, str] | None = None
 
 
-def _coordinator_spec(name: str, store_url: str) -> _Spec:
-    return _Spec(name, "coordinator", ("--store-url", store_url))
+def _coordinator_spec(name: str, store_url: str, config: ClusterConfig) -> _Spec:
+    args = ("--store-url", store_url)
+    if config.spares:  # the primary keeps `backups` backups; the rest are spares
+        args += ("--paramserver-backups", str(config.backups))
+    return _Spec(name, "coordinator", args)
 
 
 def _paramserver_spec(
@@ -310,8 +325,11 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
     On any failure, what was started is stopped and ClusterError says why.
     """
     config = config or ClusterConfig()
-    if config.trainers < 0 or config.standbys < 0 or config.shards < 1 or config.backups < 0:
-        raise ClusterError("need trainers >= 0, standbys >= 0, shards >= 1, backups >= 0")
+    if (config.trainers < 0 or config.standbys < 0 or config.shards < 1 or config.backups < 0
+            or config.spares < 0):  # fmt: skip
+        raise ClusterError(
+            "need trainers >= 0, standbys >= 0, shards >= 1, backups >= 0, spares >= 0"
+        )
     if config.coordinators < 1:
         raise ClusterError("need at least one coordinator")
     run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root)
@@ -330,10 +348,12 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
 
 
 def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
-    workers = config.coordinators + config.shards * (1 + config.backups) + config.trainers
+    workers = (config.coordinators + config.shards * (1 + config.backups + config.spares)
+               + config.trainers)  # fmt: skip
     with ThreadPoolExecutor(max_workers=max(4, workers + config.standbys)) as pool:
         coord_specs = [
-            _coordinator_spec(f"coord-{i}", cluster.store_url) for i in range(config.coordinators)
+            _coordinator_spec(f"coord-{i}", cluster.store_url, config)
+            for i in range(config.coordinators)
         ]
         coords = [m.address for m in cluster._start_all(coord_specs, pool)]
         nodes = [
@@ -345,7 +365,7 @@ def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
             for i in range(config.standbys)
         ]
         groups = [
-            pool.submit(_start_group, cluster, shard, config.backups, coords, pool)
+            pool.submit(_start_group, cluster, shard, config, coords, pool)
             for shard in range(config.shards)
         ]
         for future in [*groups, *nodes]:
@@ -356,17 +376,17 @@ def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
 
 
 def _start_group(
-    cluster: LocalCluster, shard: int, backups: int, coords: list[str], pool: ThreadPoolExecutor
-) -> None:
-    letters = "bcdefgh"
+    cluster: LocalCluster, shard: int, config: ClusterConfig, coords: list[str],
+    pool: ThreadPoolExecutor,
+) -> None:  # fmt: skip
+    letters = "bcdefghijklmnopqrstuvwxyz"
     specs = [
         _paramserver_spec(f"ps-{shard}{letters[i]}", shard, [], coords, True)
-        for i in range(backups)
+        for i in range(config.backups + config.spares)
     ]
     started = cluster._start_all(specs, pool) if specs else []
-    cluster._start(
-        _paramserver_spec(f"ps-{shard}a", shard, [m.address for m in started], coords, False)
-    )
+    backups = [m.address for m in started[: config.backups]]  # the rest are spares
+    cluster._start(_paramserver_spec(f"ps-{shard}a", shard, backups, coords, False))
 
 
 def _repo_root() -> Path | None:

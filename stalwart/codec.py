@@ -293,6 +293,12 @@ class ChunkAssembler:
             self._index += 1
             self._offset = 0
 
+    @property
+    def complete(self) -> bool:
+        """Every byte of every tensor arrived."""
+        self._skip_finished()
+        return self._index == len(self._views)
+
     def finish(self) -> dict[str, torch.Tensor]:
         self._skip_finished()
         if self._index != len(self._views):

@@ -35,6 +35,7 @@ class ErrorKind(enum.Enum):
     TRUNCATED_STREAM = (grpc.StatusCode.INVALID_ARGUMENT, "TRUNCATED_STREAM")
     BAD_STREAM = (grpc.StatusCode.INVALID_ARGUMENT, "BAD_STREAM")
     LIMIT_EXCEEDED = (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED")
+    STORE_FULL = (grpc.StatusCode.RESOURCE_EXHAUSTED, "STORE_FULL")
     CHECKSUM_MISMATCH = (grpc.StatusCode.DATA_LOSS, "CHECKSUM_MISMATCH")
     DATA_LOSS = (grpc.StatusCode.DATA_LOSS, "DATA_LOSS")  # stored data missing or unreadable
     UNKNOWN_JOB = (grpc.StatusCode.NOT_FOUND, "UNKNOWN_JOB")

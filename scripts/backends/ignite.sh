@@ -11,7 +11,7 @@
 # loopback discovery ports (never multicast), keeps everything in memory and
 # serves thin clients on a free port. The URL is ignite://127.0.0.1:P1[,127.0.0.1:P2...].
 # Environment: STALWART_IGNITE_HEAP (default 512m), STALWART_IGNITE_REGION_MB
-# (off-heap data region, default 256), STALWART_IGNITE_START_TIMEOUT (s, default 120),
+# (off-heap data region, default 1024), STALWART_IGNITE_START_TIMEOUT (s, default 120),
 # STALWART_IGNITE_JVM_OPTS (extra JVM flags; default -XX:TieredStopAtLevel=1, which
 # starts faster on small machines at no measurable cost to thin-client throughput).
 # STALWART_BACKEND_OWNER_PID: stop the nodes once that process exits (tests set it).
@@ -25,7 +25,13 @@ JAR=$PROJECT/target/stalwart-ignite-node.jar
 LIB=$PROJECT/target/lib
 MAIN=dev.stalwart.ignite.StalwartIgniteNode
 HEAP=${STALWART_IGNITE_HEAP:-512m}
-REGION_MB=${STALWART_IGNITE_REGION_MB:-256}
+# 1 GiB of off-heap pages (allocated as used, from 64 MiB): room for `stalwart bench
+# ckpt`'s 256 MiB model, its raw copy and the stall checkpoints. The URL printed
+# carries a checkpoint budget of 70% of what the chunks can use (one copy per node
+# with one node, else two copies over the nodes), so writers refuse a checkpoint
+# with STORE_FULL long before the region is full: a full in-memory region halts
+# the node (IgniteOutOfMemoryException). See docs/stores.md, "Capacity".
+REGION_MB=${STALWART_IGNITE_REGION_MB:-1024}
 START_TIMEOUT=${STALWART_IGNITE_START_TIMEOUT:-120}
 
 # Module openings Ignite 2.x needs on Java 17 (the same set its own launcher passes).
@@ -138,7 +144,8 @@ start() {
     done
     if ((up == nodes)); then
       log "$nodes node(s) up in $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")s"
-      echo "ignite://$url" | tee "$dir/url"
+      local copies=$((nodes < 2 ? 1 : 2))
+      echo "ignite://$url?budget_mb=$((REGION_MB * nodes * 7 / (10 * copies)))" | tee "$dir/url"
       watch_owner "$ROOT/scripts/backends/ignite.sh" "$dir"
       return 0
     fi

@@ -64,7 +64,9 @@ async def run(settings: CoordinatorSettings) -> None:
     channels = ChannelConfig.from_settings(settings)
     probe = dataclasses.replace(channels, retry_unavailable=False)
     links = ReplicaLinks(lambda a: open_channel(a, probe, token))
-    watch = ParamWatch(control, links, settings.paramserver_unreachable_polls)
+    watch = ParamWatch(
+        control, links, settings.paramserver_unreachable_polls, settings.paramserver_backups
+    )
     node_probe = NodeProbe(control, links.channel, settings.heartbeat_interval_seconds)
     checkpoint_links = ReplicaLinks(lambda a: open_channel(a, channels, token))
     checkpoints = Checkpoints(control, checkpoint_links.stub, watch.group, settings)

@@ -237,6 +237,11 @@ class Checkpoints:
                 spec = job.spec
             newest = await self.list(job_id)
             parent = newest[0].checkpoint_id if newest else ""
+            # retention first when the store is short of room; refused (RESOURCE_EXHAUSTED)
+            # when even that is not enough: training goes on, the newest checkpoint stays
+            others = [j for j in self.c.jobs if j != job_id]
+            needed = newest[0].total_bytes if newest else 0
+            await self._io(lambda: ckpt.make_room(self.store(), job_id, needed, live_jobs=others))
             checkpoint_id = ckptplan.checkpoint_id(job_id, at)
             started = time.monotonic()
             printing = asyncio.gather(*(

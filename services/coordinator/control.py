@@ -62,7 +62,7 @@ class Control:
         self.leader = leader
         self.on_fenced = on_fenced
         self.lock = asyncio.Lock()
-        self.members = Membership(settings.node_lease_seconds)
+        self.members = Membership(settings.node_lease_seconds, settings.detector())
         self.jobs: dict[str, jobs.Job] = {}
         self.groups: dict[int, tuple[str, int]] = {}  # shard -> (primary node id, epoch)
         self.views: dict[str, ReplicaView] = {}  # paramserver node id -> last poll
@@ -200,7 +200,7 @@ class Control:
             jobs_in, nodes_in, groups, last = await self.io(self._read_all)
             now = time.time()
             self.jobs = {j.job_id: job_from_proto(j) for j in jobs_in}
-            self.members = Membership(self.settings.node_lease_seconds)
+            self.members = Membership(self.settings.node_lease_seconds, self.settings.detector())
             self.members.nodes = {n.node_id: node_from_proto(n) for n in nodes_in}
             self.members.refresh_all(now)  # nobody dies only because the leader changed
             self._restore_standbys(nodes_in)

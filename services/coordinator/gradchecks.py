@@ -10,6 +10,11 @@ fingerprint. With no majority possible (too few trainers), nothing is pushed
 and the comparison starts over: a transient fault clears, a persistent one
 stalls the step visibly instead of corrupting the model.
 
+A verifier that does not answer in time is replaced by the next one; when every
+candidate was too slow (a loaded machine), they are all asked again. Slowness
+never turns a sampled batch into an unverified push: only a job with no other
+trainer at all to compare with pushes unverified.
+
 Clock passed in; no I/O. Used by services/coordinator/sdcguard.py.
 """
 
@@ -71,7 +76,12 @@ class GradientChecks:
         if outcome is not None:
             return outcome
         if not check.asked and not self._ask(check, candidates, now):
-            if len(check.reports) == 1:  # nobody else to compare with
+            if check.skipped and candidates:
+                # every candidate was too slow: ask them again rather than push unchecked
+                check.skipped.clear()
+                if self._ask(check, candidates, now):
+                    return Outcome(Verdict.WAIT)
+            if len(check.reports) == 1 and not candidates:  # nobody else exists
                 return Outcome(Verdict.PUSH, unverified=True)
             return self._restart(check)
         return Outcome(Verdict.WAIT)

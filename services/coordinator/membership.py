@@ -1,16 +1,22 @@
 """Node membership and leases: plain state fed (event, now), no I/O.
 
-A node holds a lease renewed by heartbeats. ``expire(now)`` declares every node
-whose lease ran out DEAD and returns them, so the caller can move their work and
-say so in the event stream. After a leader change ``refresh_all(now)`` grants
-every live node a fresh lease: a node must not be declared dead only because the
-coordinator that would have heard its heartbeats changed.
+A node holds a lease renewed by heartbeats. How long it lasts is the
+accrual detector's window for that node (services/coordinator/detector.py):
+it grows when the node's beats arrive further apart, as on a loaded machine.
+``expire(now)`` declares every node whose lease ran out DEAD and returns them,
+so the caller can move their work and say so in the event stream. After a
+leader change ``refresh_all(now)`` grants every live node a fresh window, with
+the history forgotten (the old leader's arrivals are not known): a node must not
+be declared dead only because the coordinator that would have heard its
+heartbeats changed.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+from services.coordinator.detector import ArrivalWindow, DetectorConfig
 
 # Weight of the newest step time in the moving average: recent enough to notice
 # a slowing node within a few steps, smooth enough to ignore one slow batch.
@@ -51,6 +57,7 @@ class NodeRecord:
     address: str
     state: NodeState = NodeState.ALIVE
     lease_expires: float = 0.0
+    last_heard: float = 0.0  # registration or the latest heartbeat
     standby: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     shard: int = 0
@@ -69,9 +76,27 @@ class NodeRecord:
 class Membership:
     """Registered nodes and their leases."""
 
-    def __init__(self, lease_s: float) -> None:
+    def __init__(self, lease_s: float, detector: DetectorConfig | None = None) -> None:
+        """``lease_s``: the least window; ``detector``: None for a fixed lease of lease_s."""
         self.lease_s = lease_s
+        self.detector = detector or DetectorConfig.fixed(lease_s)
         self.nodes: dict[str, NodeRecord] = {}
+        self._arrivals: dict[str, ArrivalWindow] = {}
+
+    def _fresh(self, node: NodeRecord, now: float) -> None:
+        """Start a node's arrival history at ``now``: it gets the initial window."""
+        window = self._arrivals[node.node_id] = ArrivalWindow(self.detector, now)
+        node.last_heard = now
+        node.lease_expires = window.deadline()
+
+    def window_s(self, node_id: str) -> float:
+        """The silence after which ``node_id`` would be declared dead now."""
+        window = self._arrivals.get(node_id)
+        return window.window_s() if window is not None else self.detector.floor_s
+
+    def phi(self, node_id: str, now: float) -> float:
+        window = self._arrivals.get(node_id)
+        return window.phi(now) if window is not None else 0.0
 
     def register(self, record: NodeRecord, now: float) -> NodeRecord:
         """Add or replace a node (a restarted node comes back fresh and ALIVE, unless it
@@ -79,7 +104,7 @@ class Membership:
         old = self.nodes.get(record.node_id)
         quarantined = old is not None and old.state is NodeState.QUARANTINED
         record.state = NodeState.QUARANTINED if quarantined else NodeState.ALIVE
-        record.lease_expires = now + self.lease_s
+        self._fresh(record, now)
         record.registered_at = now
         self.nodes[record.node_id] = record
         return record
@@ -91,7 +116,13 @@ class Membership:
         node = self.nodes.get(node_id)
         if node is None or not node.leased:
             raise UnknownNode(node_id)
-        node.lease_expires = now + self.lease_s
+        window = self._arrivals.get(node_id)
+        if window is None:
+            self._fresh(node, now)
+        else:
+            window.heartbeat(now)
+            node.last_heard = max(node.last_heard, now)
+            node.lease_expires = window.deadline()
         node.last_step = max(node.last_step, step)
         if step_time is not None and step_time > 0:
             node.step_time_ema = _ema(node.step_time_ema, step_time)
@@ -106,10 +137,9 @@ class Membership:
 
     def silent(self, now: float, after_s: float, role: Role) -> list[NodeRecord]:
         """Leased nodes of ``role`` not heard from for ``after_s`` (their lease still runs)."""
-        heard_before = now - after_s + self.lease_s  # lease_expires = last heard + lease_s
         return sorted(
             (n for n in self.nodes.values()
-             if n.role is role and n.leased and n.lease_expires <= heard_before),
+             if n.role is role and n.leased and n.last_heard <= now - after_s),
             key=lambda n: n.node_id,
         )  # fmt: skip
 
@@ -122,10 +152,11 @@ class Membership:
         return node
 
     def refresh_all(self, now: float) -> None:
-        """Grant every leased node a full lease (done by a newly elected leader)."""
+        """Grant every leased node a full window (done by a newly elected leader)."""
+        self._arrivals.clear()
         for node in self.nodes.values():
             if node.leased:
-                node.lease_expires = now + self.lease_s
+                self._fresh(node, now)
 
     def alive(self, role: Role | None = None) -> list[NodeRecord]:
         """Nodes still holding a lease (DRAINING and DRAINED included), by node id."""

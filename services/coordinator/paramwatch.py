@@ -26,6 +26,9 @@ log = structlog.get_logger(__name__)
 
 STATUS_TIMEOUT_S = 0.5
 COMMAND_TIMEOUT_S = 2.0
+# Polls in a row without an answer after which a replica counts as slow: a backup
+# that is slow gives its place to a warm spare (it is not declared dead for that).
+SLOW_POLLS = 2
 
 
 async def promote_with_backups(
@@ -102,12 +105,21 @@ class ReplicaLinks:
         self._channels.clear()
 
 
+def refused(answer: BaseException) -> bool:
+    """A poll refused outright (nothing listens at the port: the process is gone)."""
+    return isinstance(answer, RpcError) and answer.code is grpc.StatusCode.UNAVAILABLE
+
+
 class ParamWatch:
-    def __init__(self, control: Control, links: ReplicaLinks, unreachable_polls: int) -> None:
+    def __init__(
+        self, control: Control, links: ReplicaLinks, unreachable_polls: int, backups: int = 0
+    ) -> None:
         self.control = control
         self.links = links
         self.unreachable_polls = unreachable_polls
-        self._failures: dict[str, int] = {}
+        self.backups = backups  # wanted per group; 0: every live replica
+        self._failures: dict[str, int] = {}  # consecutive refused polls
+        self._slow: dict[str, int] = {}  # consecutive polls that got no answer in time
 
     async def round(self) -> None:
         """One poll of every live paramserver, then the decisions it calls for."""
@@ -138,12 +150,18 @@ class ParamWatch:
         if node is None:
             return
         if isinstance(answer, BaseException):
+            if not refused(answer):
+                # No answer in time: paused, overloaded or cut off. It may still be
+                # working, so only the failure detector (its heartbeats) decides.
+                self._slow[node_id] = self._slow.get(node_id, 0) + 1
+                return
             self._failures[node_id] = self._failures.get(node_id, 0) + 1
             if self.unreachable_polls and self._failures[node_id] >= self.unreachable_polls:
                 if c.members.declare_dead(node_id) is not None:
-                    c._node_died(node, f"unreachable for {self._failures[node_id]} polls")
+                    c._node_died(node, f"refused {self._failures[node_id]} polls")
             return
         self._failures[node_id] = 0
+        self._slow[node_id] = 0
         role = REPLICA_ROLES_BACK.get(answer.role, "")
         c.views[node_id] = promotion.ReplicaView(
             node_id, address, True, role, answer.epoch,
@@ -166,8 +184,9 @@ class ParamWatch:
             )
             quarantined = node.state is NodeState.QUARANTINED
             alive = node.leased and node.state is not NodeState.DEAD and not quarantined
+            slow = self._slow.get(node.node_id, 0) >= SLOW_POLLS
             out.append(promotion.ReplicaView(view.node_id, node.address, alive, view.role, view.epoch,
-                                             view.versions, view.backups, quarantined))  # fmt: skip
+                                             view.versions, view.backups, quarantined, slow))  # fmt: skip
         return out
 
     def shards(self) -> list[int]:
@@ -195,7 +214,8 @@ class ParamWatch:
                 j.job_id for j in c.jobs.values()
                 if not j.finished and shard < j.num_shards and j.step > 0
             )  # fmt: skip
-            out += [(shard, d) for d in promotion.decide(self.group(shard), primary_id, committed)]
+            decided = promotion.decide(self.group(shard), primary_id, committed, self.backups)
+            out += [(shard, d) for d in decided]
         return out
 
     def _progress(self) -> None:
@@ -262,6 +282,18 @@ class ParamWatch:
                                    d.backups, coordinator_epoch=epoch)  # fmt: skip
         log.info("added paramserver backup", backup=d.address, primary=d.primary_address)
 
+    async def _any_answers(self, replicas: list[tuple[str, str]], jobs_held: set[str]) -> bool:
+        """Does a replica declared dead still answer, as itself, holding the jobs?
+        (A stand-in on the same address would answer empty: that group is lost.)"""
+        answers = await asyncio.gather(*(self.links.status(a) for _, a in replicas),
+                                       return_exceptions=True)  # fmt: skip
+        return any(
+            not isinstance(a, BaseException)
+            and a.node_id in (node_id, "")
+            and jobs_held <= {j.job_id for j in a.jobs}
+            for (node_id, _), a in zip(replicas, answers, strict=True)
+        )
+
     async def _group_lost(self, shard: int, d: promotion.GroupLost) -> None:
         """Every replica is gone: jobs with a checkpoint wait for new replicas and a
         restore (checkpoints.py); jobs without one fail."""
@@ -271,6 +303,16 @@ class ParamWatch:
             if shard in c.lost_groups:
                 return
             affected = [j for j in c.jobs.values() if not j.finished and shard < j.num_shards]
+            dead = [(v.node_id, v.address) for v in self.group(shard)
+                    if v.address and not v.alive and not v.quarantined]  # fmt: skip
+        if await self._any_answers(dead, {j.job_id for j in affected}):
+            # Declared dead, yet a replica answers: it was only slow (a paused
+            # leader's successor, an overloaded machine). Its next heartbeat is
+            # refused as unknown, it registers again and the group comes back;
+            # failing the job now would be final for a job that can go on.
+            log.warning("shard group looks lost but a replica answers; not failing its jobs",
+                        shard=shard)  # fmt: skip
+            return
         saved = set()
         if c.checkpoints is not None:
             for job in affected:

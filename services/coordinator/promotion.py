@@ -6,7 +6,10 @@ index. The coordinator remembers the group's primary. When that primary is
 declared dead and no live replica claims to be primary, the live backup with
 the highest applied version is promoted with ``epoch = highest epoch seen in
 the group + 1`` and the other live replicas as its backups. A live replica that
-is neither the primary nor among its backups is added to them.
+is neither the primary nor among its backups is added to them, unless the group
+keeps a set number of backups (``wanted``): then the other live replicas are warm
+spares, and one is added only when a backup is dead or has stopped answering
+polls (``slow``), in its place.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class ReplicaView:
     versions: dict[str, int] = field(default_factory=dict)  # job id -> applied version
     backups: tuple[str, ...] = ()  # for a primary: addresses it replicates to
     quarantined: bool = False  # alive is False too: out of the group for good
+    slow: bool = False  # alive, but its latest polls got no answer in time (hung?)
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,17 @@ def live_primary(group: Sequence[ReplicaView]) -> ReplicaView | None:
 
 
 def decide(
-    group: Sequence[ReplicaView], primary_id: str, committed: frozenset[str] = frozenset()
+    group: Sequence[ReplicaView],
+    primary_id: str,
+    committed: frozenset[str] = frozenset(),
+    wanted: int = 0,
 ) -> list[Decision]:
     """What to do for one shard group whose recorded primary is ``primary_id``;
-    ``committed``: jobs with committed steps on this group (their state exists)."""
+    ``committed``: jobs with committed steps on this group (their state exists);
+    ``wanted``: backups the primary should have (0: every live replica)."""
     primary = live_primary(group)
     if primary is not None:
-        return list(_add_backups(group, primary))
+        return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)
     if recorded is not None and recorded.alive:
         return []  # recorded primary alive but not (yet) polled as primary: wait
@@ -106,6 +114,12 @@ def choose_promotion(
     served = {j for r in group if not r.alive for j in r.versions} | set(committed)
     if served:
         candidates = [r for r in candidates if served & set(r.versions)]
+    # A replica the dead primary no longer replicated to (a hung backup replaced by
+    # a spare) holds stale state: only the ones it replicated to may take over.
+    last = [r for r in group if not r.alive and r.role == "primary" and r.backups]
+    if last:
+        followers = set(max(last, key=lambda r: r.epoch).backups)
+        candidates = [r for r in candidates if r.address in followers]
     if not candidates:
         return GroupLost("primary dead and no live backup")
     best = max(candidates, key=progress_key)
@@ -114,17 +128,26 @@ def choose_promotion(
     return Promote(best.node_id, best.address, epoch, backups)
 
 
-def _add_backups(group: Sequence[ReplicaView], primary: ReplicaView) -> list[Decision]:
+def _add_backups(
+    group: Sequence[ReplicaView], primary: ReplicaView, wanted: int = 0
+) -> list[Decision]:
     banned = {r.address for r in group if r.quarantined}
     current = [a for a in primary.backups if a not in banned]
     out: list[Decision] = []
     if len(current) < len(primary.backups):
         out.append(DropBackups(primary.address, primary.epoch, tuple(current)))
-    for r in sorted(group, key=lambda r: r.node_id):
-        if not r.alive or r.node_id == primary.node_id or r.address in current:
-            continue
-        if r.role not in ("backup", "fenced", "primary"):
-            continue  # not polled yet: add it once we know it answers
+    spares = [
+        r for r in sorted(group, key=lambda r: r.node_id)
+        if r.alive and not r.slow and r.node_id != primary.node_id and r.address not in current
+        and r.role in ("backup", "fenced", "primary")  # not polled yet: add it once it answers
+    ]  # fmt: skip
+    if wanted > 0:
+        # keep the backups that answer; a spare takes the place of each that does not
+        views = {r.address: r for r in group}
+        healthy = [a for a in current if a in views and views[a].alive and not views[a].slow]
+        spares = spares[: max(0, wanted - len(healthy))]
+        current = healthy
+    for r in spares:
         current.append(r.address)
         out.append(AddBackup(primary.address, r.address, primary.epoch, tuple(current)))
     return out

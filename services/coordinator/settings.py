@@ -6,6 +6,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
+from services.coordinator.detector import DetectorConfig
 from stalwart.settings import ServiceSettings
 
 
@@ -31,8 +32,18 @@ class CoordinatorSettings(ServiceSettings):
     leader_margin_seconds: float = Field(default=0.2, ge=0)
     """The leader stops acting this long before its lease could lapse in the store."""
 
-    node_lease_seconds: float = Field(default=1.0, gt=0)
-    """Lease granted to nodes; a node silent this long is declared dead."""
+    node_lease_seconds: float = Field(default=3.0, gt=0)
+    """Floor of failure detection: no node is declared dead for a silence shorter than
+    this (granted on registration and after a leader change). Above it the accrual
+    detector decides from the node's own beat intervals (docs/control-plane.md)."""
+
+    node_phi_threshold: float = Field(default=8.0, gt=0)
+    """Suspicion (phi) at which a silent node is declared dead: its silence is this
+    unlikely, -log10 of the probability, given the intervals its beats arrived at."""
+
+    node_dead_max_seconds: float = Field(default=30.0, gt=0)
+    """Ceiling of failure detection: a node silent this long is dead whatever its history
+    (never below node_lease_seconds: a longer floor raises it)."""
 
     heartbeat_interval_seconds: float = Field(default=0.2, gt=0)
     """Beat interval nodes are told to keep."""
@@ -46,6 +57,11 @@ class CoordinatorSettings(ServiceSettings):
     paramserver_unreachable_polls: int = Field(default=3, ge=0)
     """Consecutive refused polls after which a paramserver is declared dead before its
     lease ends (it has no process listening any more); 0 waits for the lease."""
+
+    paramserver_backups: int = Field(default=0, ge=0)
+    """Backups each shard group's primary replicates to. Further live replicas of the
+    group are warm spares: one is installed as backup in the place of a backup that
+    died or stopped answering polls. 0: every live replica is a backup."""
 
     store_timeout_seconds: float = Field(default=2.0, gt=0)
     """Longest one store operation may take before it counts as failed."""
@@ -93,7 +109,8 @@ class CoordinatorSettings(ServiceSettings):
 
     duplicate_check_timeout_seconds: float = Field(default=10.0, gt=0)
     """A trainer asked to recompute a sampled batch that has not answered by then is
-    replaced by another; with nobody left the batch is pushed unverified."""
+    replaced by another; when all were too slow they are asked again (a sampled batch
+    is never pushed unverified for slowness; only with no other trainer at all)."""
 
     @property
     def checkpoint_store_url(self) -> str:
@@ -108,3 +125,12 @@ class CoordinatorSettings(ServiceSettings):
         if self.heartbeat_interval_seconds >= self.node_lease_seconds:
             raise ValueError("heartbeat_interval_seconds must be < node_lease_seconds")
         return self
+
+    def detector(self) -> DetectorConfig:
+        """The failure detector's configuration (services/coordinator/detector.py)."""
+        return DetectorConfig(
+            interval_s=self.heartbeat_interval_seconds,
+            floor_s=self.node_lease_seconds,
+            ceiling_s=max(self.node_dead_max_seconds, self.node_lease_seconds),
+            threshold=self.node_phi_threshold,
+        )

@@ -117,6 +117,7 @@ def upload(
             # only spares the round trips, so its absence costs time, not data.
             log.warning("parent checkpoint unreadable", parent=parent_id, error=str(exc))
     items = ckpt.state_items(snapshot.tensors, snapshot.params, shard)
+    ckpt.require_room(store, job_id, sum(i.tensor.numel() * i.tensor.element_size() for i in items))
     return ckpt.write_tensors(
         store, items, chunk_bytes=chunk_bytes, skip=skip, before_put=_put_delay(),
         patch_base=_BASES.setdefault(job_id, ckpt.PatchBase()),

@@ -3,8 +3,12 @@ commits steps on them, and installs full state on backups that fell behind.
 
 The primary answers a client only after every backup in sync for the job has
 applied the update (and at least ``min_insync`` of the configured ones did).
-A backup that fails a call drops out of sync for that job; the resync loop
-re-installs its state under the job's lock, after which it follows again.
+A backup that fails a call, or does not acknowledge within ``ack_timeout_s``
+(hung, paused, starved), drops out of sync for that job, so the step goes on
+with the backups that remain in sync; with fewer than ``min_insync`` left the
+push is refused (consistency over availability). The resync loop re-installs
+a dropped backup's state under the job's lock once it answers again, after
+which it follows again.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from stalwart.errors import ErrorKind, RpcError, StalwartError
 
 log = structlog.get_logger(__name__)
 
+# Longest a whole state transfer to one backup may take (a large model is many chunks).
 REPLICATION_TIMEOUT_S = 60.0
+DEFAULT_ACK_TIMEOUT_S = 1.0
 
 
 class Fenced(Exception):
@@ -35,16 +41,22 @@ class Fenced(Exception):
 class ForwardStream:
     """One push being forwarded to one backup while it streams in."""
 
-    def __init__(self, address: str, call: grpc.aio.StreamUnaryCall):
+    def __init__(self, address: str, call: grpc.aio.StreamUnaryCall, ack_timeout_s: float):
         self.address = address
         self.call = call
+        self.ack_timeout_s = ack_timeout_s
         self.error: str = ""
 
     async def write(self, message: paramserver.ReplicatePushRequest) -> None:
         if self.error:
             return
         try:
-            await self.call.write(message)
+            # a hung backup stops reading: its flow-control window fills and the
+            # write would block the whole push
+            await asyncio.wait_for(self.call.write(message), self.ack_timeout_s)
+        except TimeoutError:
+            self.error = f"backup took no data for {self.ack_timeout_s} s"
+            self.call.cancel()
         except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             # The call ended under us: the backup went away, or it answered
             # early (it refuses a stale epoch at the header). A late write then
@@ -58,11 +70,18 @@ class ForwardStream:
             self.call.cancel()
             return RpcError(grpc.StatusCode.UNAVAILABLE, self.error)
         try:
-            await self.call.done_writing()
-            await self.call
+            await asyncio.wait_for(self._done(), self.ack_timeout_s)
             return None
+        except TimeoutError:
+            self.call.cancel()
+            return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"backup did not acknowledge within {self.ack_timeout_s} s")  # fmt: skip
         except grpc.RpcError as exc:
             return RpcError.from_grpc(exc)
+
+    async def _done(self) -> None:
+        await self.call.done_writing()
+        await self.call
 
 
 class Replicator:
@@ -72,11 +91,13 @@ class Replicator:
         stub_for: Callable[[str], paramserver_grpc.ParamServerServiceStub],
         min_insync: int,
         chunk_bytes: int,
+        ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S,
     ):
         self.replica = replica
         self._stub_for = stub_for
         self.min_insync = min_insync
         self.chunk_bytes = chunk_bytes
+        self.ack_timeout_s = ack_timeout_s
         # (backup address, job) -> the version that backup last confirmed holding;
         # read by the replication lag gauge (services/paramserver/metrics.py).
         self.acked: dict[tuple[str, str], int] = {}
@@ -107,7 +128,7 @@ class Replicator:
         streams = []
         for address in self.synced(header.job_id):
             call = self._stub_for(address).ReplicatePush(timeout=REPLICATION_TIMEOUT_S)
-            streams.append(ForwardStream(address, call))
+            streams.append(ForwardStream(address, call, self.ack_timeout_s))
         return streams
 
     async def forward_header(
@@ -140,10 +161,10 @@ class Replicator:
         """
         try:
             status = await self._stub_for(address).GetReplicaStatus(
-                paramserver.GetReplicaStatusRequest(), timeout=5
+                paramserver.GetReplicaStatusRequest(), timeout=self.ack_timeout_s
             )
         except grpc.RpcError:
-            return  # unreachable: down, dropped as before
+            return  # unreachable or hung: dropped as before
         if status.epoch > self.replica.epoch:
             self.replica.fence()
             raise Fenced(f"backup {address} is at epoch {status.epoch} > {self.replica.epoch}")
@@ -194,12 +215,23 @@ class Replicator:
 
     async def _commit_one(self, address: str, request) -> RpcError | None:
         try:
-            await self._stub_for(address).ReplicateCommit(request, timeout=REPLICATION_TIMEOUT_S)
+            await self._stub_for(address).ReplicateCommit(request, timeout=self.ack_timeout_s)
             return None
         except grpc.RpcError as exc:
             return RpcError.from_grpc(exc)
 
     # --- state transfer ----------------------------------------------------------
+
+    async def answers(self, address: str) -> bool:
+        """Does the backup answer within the ack timeout? Asked before a state transfer,
+        which holds the job's lock: a hung backup must not hold up every push."""
+        try:
+            await self._stub_for(address).GetReplicaStatus(
+                paramserver.GetReplicaStatusRequest(), timeout=self.ack_timeout_s
+            )
+        except grpc.RpcError:
+            return False
+        return True
 
     async def install(self, address: str, header: paramserver.InstallStateHeader, tensors) -> None:
         """Send a job's whole state to one backup (caller holds the job's lock)."""

@@ -97,22 +97,32 @@ async def _off_loop(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
-async def _stream_ended() -> None:
+# How long an incomplete request stream waits for gRPC's own cancellation before it
+# is judged truncated (a refused oversize message looks like a half-close first).
+STREAM_END_GRACE_S = 2.0
+
+
+async def _stream_ended(complete: bool = True) -> None:
     """Call at the end of a request stream, before judging it incomplete.
 
     A message over the server's size limit ends the stream for the handler as
     if the client had half-closed, while gRPC itself answers RESOURCE_EXHAUSTED
-    and cancels the handler. Yielding once lets that cancellation land here, so
-    the call is not also refused, logged and counted as a truncated stream.
+    and cancels the handler. Waiting lets that cancellation land here, so the
+    call is not also refused, logged and counted as a truncated stream. One
+    yield was enough on an idle machine, not on a loaded one: an incomplete
+    stream (bad input, rare) waits up to ``STREAM_END_GRACE_S`` for it.
     """
     await asyncio.sleep(0)
+    deadline = asyncio.get_running_loop().time() + (0 if complete else STREAM_END_GRACE_S)
+    while asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
 
 
 async def _first(request_iterator, field_name: str):
     try:
         first = await anext(aiter(request_iterator))
     except StopAsyncIteration:
-        await _stream_ended()
+        await _stream_ended(complete=False)
         raise StalwartError(ErrorKind.TRUNCATED_STREAM, "empty stream: no header") from None
     if first.WhichOneof("part") != "header":
         raise StalwartError(ErrorKind.BAD_STREAM, f"the first message must be the {field_name}")
@@ -130,7 +140,7 @@ async def _read_tensors(request_iterator, specs, limits, on_chunk=None) -> codec
         placed = assembler.add(chunk)
         if on_chunk is not None:
             await on_chunk(chunk, placed)
-    await _stream_ended()
+    await _stream_ended(assembler.complete)
     return assembler
 
 
@@ -618,6 +628,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 for address in list(self.replica.backups):
                     if address in self.replicator.synced(job.model.job_id):
                         continue
+                    if not await self.replicator.answers(address):
+                        continue  # hung or gone: try again next round, outside the lock
                     async with job.lock:
                         if address in self.replicator.synced(job.model.job_id):
                             continue  # a commit or registration synced it meanwhile

@@ -26,6 +26,11 @@ class ParamServerSettings(ServiceSettings):
     """Backups that must apply an update before the push is acknowledged (capped by
     the number configured). 0 trades durability for availability."""
 
+    backup_ack_seconds: float = Field(default=1.0, gt=0)
+    """Longest a primary waits for a backup to take a forwarded push or acknowledge a
+    commit; a backup that does not drops out of sync (it is re-installed once it
+    answers again), so one hung backup does not stall every step."""
+
     sync_wait_seconds: float = Field(default=60.0, gt=0)
     """Longest a sync push waits for the other slots when the call has no deadline."""
 

@@ -9,7 +9,9 @@ Every call goes to the replica believed to lead. ``FAILED_PRECONDITION
 [NOT_LEADER]`` switches to the address in its ``leader`` metadata (or to the
 next replica when that is empty) and retries; ``UNAVAILABLE`` and
 ``DEADLINE_EXCEEDED`` are retried against the next replica. Retries stop after
-``retry_for_s``, and every attempt has ``call_timeout_s``. Mutating calls carry
+``retry_for_s``, and every attempt has ``call_timeout_s`` (heartbeats have the
+shorter ``heartbeat_timeout_s``: a beat into a paused leader must reach the
+next replica well within the failure detector's window). Mutating calls carry
 a request id made once per call, so a retry is recognised by the server.
 Failures are raised as :class:`stalwart.errors.RpcError`.
 
@@ -65,6 +67,7 @@ class CoordinatorClient:
         channel_config: ChannelConfig | None = None,
         call_timeout_s: float = 5.0,
         retry_for_s: float = 15.0,
+        heartbeat_timeout_s: float = 0.5,
     ) -> None:
         """``addresses``: the replicas, as a list or "host:port,host:port"; ``token``: bearer token."""
         self.addresses = _split(addresses)
@@ -79,6 +82,7 @@ class CoordinatorClient:
         self.channel_config = config
         self.call_timeout_s = call_timeout_s
         self.retry_for_s = retry_for_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.leader: str = self.addresses[0]
         self.epoch = 0  # highest coordinator epoch seen in a response
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -113,7 +117,7 @@ class CoordinatorClient:
         known = self.addresses + [tried] if tried not in self.addresses else self.addresses
         self.leader = known[(known.index(tried) + 1) % len(known)]
 
-    async def _call(self, method: str, request: Any) -> Any:
+    async def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_delay(self.retry_for_s),
@@ -121,13 +125,15 @@ class CoordinatorClient:
             reraise=True,
         ):
             with attempt:
-                return await self._once(self.leader, method, request)
+                return await self._once(self.leader, method, request, timeout_s)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _once(self, address: str, method: str, request: Any) -> Any:
+    async def _once(
+        self, address: str, method: str, request: Any, timeout_s: float | None = None
+    ) -> Any:
         try:
             response = await getattr(self.stub(address), method)(
-                request, timeout=self.call_timeout_s
+                request, timeout=timeout_s or self.call_timeout_s
             )
         except grpc.RpcError as exc:
             err = RpcError.from_grpc(exc)
@@ -212,7 +218,7 @@ class CoordinatorClient:
         request = coordinator.HeartbeatRequest(node_id=node_id, epoch=epoch, step=step)
         if telemetry is not None:
             request.telemetry.CopyFrom(telemetry)
-        return await self._call("Heartbeat", request)
+        return await self._call("Heartbeat", request, self.heartbeat_timeout_s)
 
     async def list_nodes(
         self, page_size: int = 0, page_token: str = "", role: int = common.NODE_ROLE_UNSPECIFIED

@@ -22,9 +22,9 @@ from __future__ import annotations
 import abc
 from types import TracebackType
 
-from stalwart.stores.common import Lease
+from stalwart.stores.common import Capacity, Lease
 
-__all__ = ["Lease", "Store"]
+__all__ = ["Capacity", "Lease", "Store"]
 
 
 class Store(abc.ABC):
@@ -143,6 +143,18 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get_lease(self, name: str) -> Lease | None:
         """The current holder of ``name``, or None if it is free."""
+
+    # ---------------------------------------------------------------- capacity
+
+    def capacity(self) -> Capacity | None:
+        """What the store holds and may hold, or None when it has no known limit.
+
+        The limit is the URL's ``budget_mb`` or what the backend itself
+        enforces (free disk or tmpfs space, Redis ``maxmemory``), whichever is
+        lower. Checkpoint writers check it before writing (stalwart.checkpoint):
+        a store driven past its limit refuses writes at best and halts at worst
+        (an Ignite node out of data-region memory stops)."""
+        return None
 
     # ------------------------------------------------------------------ admin
 

@@ -28,6 +28,21 @@ DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "ignite": 10800}
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 DEFAULT_OP_TIMEOUT_S = 30.0
 _OPTIONS = {"connect_timeout", "timeout"}
+# Checkpoint budget in MiB (``?budget_mb=``): every scheme takes it.
+BUDGET_OPTION = "budget_mb"
+MAX_BUDGET_MB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How much a store holds and may hold, in bytes (see ``Store.capacity``)."""
+
+    used_bytes: int
+    limit_bytes: int
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.limit_bytes - self.used_bytes)
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,7 @@ class StoreURL:
     password: str | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     timeout_s: float = DEFAULT_OP_TIMEOUT_S
+    budget_bytes: int = 0  # 0: no budget beyond what the backend itself reports
 
     @property
     def redacted(self) -> str:
@@ -81,11 +97,13 @@ def parse_store_url(url: str) -> StoreURL:
     rest, _, query = rest.partition("?")
     if "#" in rest or "#" in query:
         raise _bad_url(url, "fragments are not allowed")
+    budget = _parse_budget(url, query)
+    query = "&".join(p for p in query.split("&") if not p.startswith(BUDGET_OPTION + "="))
     options = _parse_options(url, query)
 
     if scheme in ("shm", "file"):
         if options:
-            raise _bad_url(url, f"{scheme}:// takes no options")
+            raise _bad_url(url, f"{scheme}:// takes no options but {BUDGET_OPTION}")
         netloc, _, path = rest.partition("/")
         if netloc not in ("", "localhost"):
             raise _bad_url(url, "only local paths are supported (shm:///abs/path)")
@@ -95,7 +113,7 @@ def parse_store_url(url: str) -> StoreURL:
         parts = [p for p in path.split("/") if p]
         if any(p in (".", "..") for p in parts):
             raise _bad_url(url, "path must not contain '.' or '..'")
-        return StoreURL(scheme=scheme, path="/" + "/".join(parts))
+        return StoreURL(scheme=scheme, path="/" + "/".join(parts), budget_bytes=budget)
 
     netloc, _, path = rest.partition("/")
     username = password = None
@@ -125,6 +143,7 @@ def parse_store_url(url: str) -> StoreURL:
         password=password,
         connect_timeout_s=options.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S),
         timeout_s=options.get("timeout", DEFAULT_OP_TIMEOUT_S),
+        budget_bytes=budget,
     )
 
 
@@ -145,6 +164,18 @@ def _parse_host(url: str, part: str, default_port: int) -> tuple[str, int]:
     if not port_s.isdigit() or not 0 < int(port_s) < 65536:
         raise _bad_url(url, f"bad port in {part!r}")
     return host, int(port_s)
+
+
+def _parse_budget(url: str, query: str) -> int:
+    """``budget_mb=N`` -> N MiB in bytes (0 when absent)."""
+    values = [v for k, v in parse_qsl(query, keep_blank_values=True) if k == BUDGET_OPTION]
+    if not values:
+        return 0
+    if len(values) > 1 or not values[0].isdigit() or not 0 < int(values[0]) <= MAX_BUDGET_MB:
+        raise _bad_url(
+            url, f"option {BUDGET_OPTION} must be a whole number of MiB, 1..{MAX_BUDGET_MB}"
+        )
+    return int(values[0]) << 20
 
 
 def _parse_options(url: str, query: str) -> dict[str, float]:

@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.stores.base import Store
 from stalwart.stores.common import (
+    Capacity,
     Lease,
     LeaseRecord,
     StoreURL,
@@ -65,8 +66,11 @@ _TMP = ".tmp-"
 class FileStore(Store):
     """A store in a local directory; ``durable=True`` fsyncs everything."""
 
-    def __init__(self, root: str, *, durable: bool, url: str | None = None) -> None:
+    def __init__(
+        self, root: str, *, durable: bool, url: str | None = None, budget_bytes: int = 0
+    ) -> None:
         self.root = root
+        self.budget_bytes = budget_bytes
         self.durable = durable
         self.url = url or f"{'file' if durable else 'shm'}://{root}"
         self._held: dict[tuple[str, int], int] = {}  # (lease name, token) -> fd holding the flock
@@ -85,7 +89,22 @@ class FileStore(Store):
 
     @classmethod
     def from_url(cls, parsed: StoreURL) -> FileStore:
-        return cls(parsed.path, durable=parsed.scheme == "file", url=parsed.redacted)
+        return cls(parsed.path, durable=parsed.scheme == "file", url=parsed.redacted,
+                   budget_bytes=parsed.budget_bytes)  # fmt: skip
+
+    def capacity(self) -> Capacity:
+        """Bytes of stored chunks; the limit: the budget, and the room left on the
+        file system (tmpfs for shm://) on top of what the chunks already use."""
+        used = 0
+        base = os.path.join(self.root, "chunks")
+        for fan in os.scandir(base):
+            if fan.is_dir():
+                used += sum(e.stat().st_size for e in os.scandir(fan.path) if e.is_file())
+        fs = os.statvfs(self.root)
+        limit = used + fs.f_bavail * fs.f_frsize
+        if self.budget_bytes:
+            limit = min(limit, self.budget_bytes)
+        return Capacity(used, limit)
 
     # ------------------------------------------------------------ file helpers
 

@@ -10,6 +10,12 @@ one backup copy::
     stalwart_kv          key -> value bytes
     stalwart_leases      name -> LeaseRecord JSON {holder, token, expires_at, ttl_s}
 
+Capacity: the thin client cannot read a data region's size or use, so an Ignite
+store's limit is the URL's ``budget_mb`` (size it below the data region: see
+docs/stores.md) and its use is a byte count kept in ``stalwart_kv`` under
+``capacity/chunk_bytes``, raised by every chunk newly stored and lowered by every
+chunk deleted (a writer that dies between the two leaves it off by one chunk).
+
 Leases are records changed only with the cache's atomic compare operations
 (``put_if_absent``, ``replace_if_equals`` on the whole record), fed by the same
 decision functions as the file store. A record is never deleted: releasing
@@ -49,6 +55,7 @@ from pyignite.exceptions import CacheError, HandshakeError, ReconnectError, Sock
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.stores.base import Store
 from stalwart.stores.common import (
+    Capacity,
     Lease,
     LeaseRecord,
     StoreURL,
@@ -71,11 +78,13 @@ from stalwart.stores.common import (
 # is down, which a partly degraded cluster turns into a flood. This layer reports a
 # node-down condition once, as UNAVAILABLE, when an operation actually fails; an
 # application that wants pyignite's own logs sets a level on this logger itself.
+_LOG = logging.getLogger(__name__)
 _PYIGNITE_LOG = logging.getLogger("pyignite.connection")
 if _PYIGNITE_LOG.level == logging.NOTSET:
     _PYIGNITE_LOG.setLevel(logging.CRITICAL)
 
 CACHES = ("chunks", "manifests", "kv", "leases")
+USAGE_KEY = "capacity/chunk_bytes"
 BACKUPS = 1
 _CAS_ATTEMPTS = 16
 _NETWORK_ERRORS = (SocketError, ReconnectError, HandshakeError, OSError, EOFError)
@@ -98,6 +107,7 @@ class IgniteStore(Store):
 
     def __init__(self, parsed: StoreURL) -> None:
         self.url = parsed.redacted
+        self.budget_bytes = parsed.budget_bytes
         self._lock = threading.RLock()
         self._probe(parsed)
         kwargs: dict = {"timeout": parsed.timeout_s, "handshake_timeout": parsed.connect_timeout_s}
@@ -161,7 +171,9 @@ class IgniteStore(Store):
 
     def put_chunk(self, hash: str, data: bytes | memoryview, *, verified: bool = False) -> None:
         data = check_chunk(hash, data, verified=verified)
-        self._idempotent(lambda: self._caches["chunks"].put(hash, data))
+        added = self._idempotent(lambda: self._caches["chunks"].put_if_absent(hash, data))
+        if added:
+            self._count_chunk_bytes(len(data))
 
     def get_chunk(self, hash: str, *, verify: bool = True) -> bytes:
         check_hash(hash)
@@ -180,7 +192,26 @@ class IgniteStore(Store):
     def delete_chunk(self, hash: str) -> bool:
         check_hash(hash)
         with self._errors():
-            return self._caches["chunks"].get_and_remove(hash) is not None
+            old = self._caches["chunks"].get_and_remove(hash)
+        if old is None:
+            return False
+        self._count_chunk_bytes(-len(old))
+        return True
+
+    def capacity(self) -> Capacity | None:
+        """Counted chunk bytes against ``budget_mb``; None without a budget."""
+        if not self.budget_bytes:
+            return None
+        raw = self.kv_get(USAGE_KEY)
+        return Capacity(max(0, int(raw or b"0")), self.budget_bytes)
+
+    def _count_chunk_bytes(self, delta: int) -> None:
+        for _ in range(_CAS_ATTEMPTS * 4):
+            raw = self.kv_get(USAGE_KEY)
+            new = str(max(0, int(raw or b"0") + delta)).encode()
+            if self.kv_cas(USAGE_KEY, raw, new):
+                return
+        _LOG.warning("chunk byte count not updated (%+d): too much contention", delta)
 
     def _items(self, cache: str, page_size: int = 64) -> list[tuple[str, object]]:
         def scan() -> list[tuple[str, object]]:

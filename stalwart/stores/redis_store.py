@@ -30,6 +30,7 @@ from redis.retry import Retry
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.stores.base import Store
 from stalwart.stores.common import (
+    Capacity,
     Lease,
     StoreURL,
     check_bytes,
@@ -82,6 +83,7 @@ class RedisStore(Store):
 
     def __init__(self, parsed: StoreURL) -> None:
         self.url = parsed.redacted
+        self.budget_bytes = parsed.budget_bytes
         host, port = parsed.hosts[0]
         self._r = redis.Redis(
             host=host,
@@ -124,6 +126,16 @@ class RedisStore(Store):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._r.close()
+
+    def capacity(self) -> Capacity | None:
+        """Redis's used memory against ``maxmemory`` and the budget (the lower);
+        None when neither is set (the server grows until the host runs out)."""
+        with self._errors():
+            info = self._r.info("memory")
+        limits = [b for b in (int(info.get("maxmemory", 0)), self.budget_bytes) if b > 0]
+        if not limits:
+            return None
+        return Capacity(int(info["used_memory"]), min(limits))
 
     # ------------------------------------------------------------------ chunks
 

@@ -51,22 +51,28 @@ async def run_job(
                 killed = await pick_target(kill, local, client, job.job_id)
                 killed_at = recorder.step
                 await asyncio.to_thread(local.kill, killed)
-            deadline = time.monotonic() + JOB_TIMEOUT_S
-            while job.state not in FINISHED:
-                assert time.monotonic() < deadline, f"job stuck at step {job.step}"
-                await asyncio.sleep(0.3)
-                job = await client.get_job(job.job_id)
-            ps = await param_client(client, job.job_id, spec)
-            try:
-                version, weights = await pull_weights(ps, job.job_id, spec.steps)
-            finally:
-                await ps.close()
+            job, version, weights = await finish_and_pull(client, job, spec)
             await recorder.wait_step(spec.steps, 5.0)  # the last STEP_COMMITTED events
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watch
     return Outcome(job, list(recorder.events), weights, version, killed, killed_at)
+
+
+async def finish_and_pull(client: CoordinatorClient, job: coordinator.Job, spec):
+    """Wait (up to JOB_TIMEOUT_S) for the job to end; then its final version and weights."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while job.state not in FINISHED:
+        assert time.monotonic() < deadline, f"job stuck at step {job.step}"
+        await asyncio.sleep(0.3)
+        job = await client.get_job(job.job_id)
+    ps = await param_client(client, job.job_id, spec)
+    try:
+        version, weights = await pull_weights(ps, job.job_id, spec.steps)
+    finally:
+        await ps.close()
+    return job, version, weights
 
 
 def assert_bitwise_equal(got: dict, want: dict) -> None:

@@ -55,7 +55,7 @@ def test_two_disagreeing_nodes_and_no_third_start_over_without_pushing():
     assert g.checks == {}
 
 
-def test_a_verifier_that_never_answers_is_replaced_then_given_up():
+def test_a_verifier_that_never_answers_is_replaced_then_everyone_is_asked_again():
     g = GradientChecks(verifier_timeout_s=1.0)
     g.holder_report(KEY, "a", 111, ["s", "b"], 0.0)
     assert g.holder_report(KEY, "a", 111, ["s", "b"], 0.5).verdict is Verdict.WAIT
@@ -63,4 +63,20 @@ def test_a_verifier_that_never_answers_is_replaced_then_given_up():
     assert g.asked_of("s") == [] and g.asked_of("b") == [KEY]
     assert g.duplicate_report(KEY, "s", 111) == ()  # too late: ignored
     out = g.holder_report(KEY, "a", 111, ["s", "b"], 3.0)  # b timed out too
-    assert out.verdict is Verdict.PUSH and out.unverified
+    # a loaded machine is no reason to push unchecked: the candidates are asked again
+    assert out.verdict is Verdict.WAIT and not out.unverified
+    assert g.asked_of("s") == [KEY]
+    assert g.duplicate_report(KEY, "s", 111) == ()
+    assert g.holder_report(KEY, "a", 111, ["s", "b"], 3.5).verdict is Verdict.PUSH
+
+
+def test_a_flipped_holder_whose_verifiers_are_slow_is_never_pushed():
+    g = GradientChecks(verifier_timeout_s=1.0)
+    for t in range(0, 60):  # verifiers on a starved machine: every answer comes too late
+        out = g.holder_report(KEY, "a", 999, ["s", "b"], t * 0.6)
+        assert out.verdict is Verdict.WAIT, f"{out} at {t * 0.6:.1f} s"
+    assert g.duplicate_report(KEY, g.asked_of("s") and "s" or "b", 111) == ()
+    g.holder_report(KEY, "a", 999, ["s", "b"], 40.0)
+    other = "b" if g.asked_of("b") else "s"
+    assert g.duplicate_report(KEY, other, 111) == ("a",)
+    assert g.holder_report(KEY, "a", 999, ["s", "b"], 41.0).verdict is Verdict.DROP

@@ -141,3 +141,43 @@ def test_a_quarantined_primary_is_replaced_like_a_dead_one() -> None:
         r("b2", "backup", epoch=2, version=9),
     ]
     assert decide(group, "p") == [Promote("b2", "b2:1", 3, ("b1:1",))]
+
+
+# --- warm spares (a group that keeps a set number of backups) ------------------------
+
+
+def slow(node_id, role, **kw):
+    view = r(node_id, role, **kw)
+    return ReplicaView(view.node_id, view.address, True, role, view.epoch, view.versions,
+                       view.backups, slow=True)  # fmt: skip
+
+
+def test_spares_stay_spares_while_the_backups_answer() -> None:
+    group = [r("p", "primary", backups=["b:1"]), r("b", "backup"), r("s", "backup")]
+    assert decide(group, "p", wanted=1) == []
+    # without a wanted count every live replica is a backup (as before)
+    assert decide(group, "p") == [AddBackup("p:1", "s:1", 1, ("b:1", "s:1"))]
+
+
+@pytest.mark.parametrize("backup", [slow("b", "backup"), r("b", "backup", alive=False)])
+def test_a_hung_or_dead_backup_gives_its_place_to_a_spare(backup) -> None:
+    group = [r("p", "primary", backups=["b:1"]), backup, r("s", "backup")]
+    assert decide(group, "p", wanted=1) == [AddBackup("p:1", "s:1", 1, ("s:1",))]
+
+
+def test_a_slow_spare_is_not_installed() -> None:
+    group = [r("p", "primary", backups=["b:1"]), slow("b", "backup"), slow("s", "backup")]
+    assert decide(group, "p", wanted=1) == []
+
+
+def test_a_replaced_backup_is_never_promoted_over_the_primarys_followers() -> None:
+    # b was replaced by s while hung (its state stopped at version 5); then p died
+    group = [
+        r("p", "primary", alive=False, version=9, backups=["s:1"]),
+        r("b", "backup", version=5),
+        r("s", "backup", version=9),
+    ]
+    assert decide(group, "p", wanted=1) == [Promote("s", "s:1", 2, ())]
+    # and with the follower dead too, the stale one must not serve: the group is lost
+    group[2] = r("s", "backup", alive=False, version=9)
+    assert decide(group, "p", wanted=1) == [GroupLost("primary dead and no live backup")]

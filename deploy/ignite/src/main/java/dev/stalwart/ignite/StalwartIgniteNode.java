@@ -33,7 +33,7 @@ import org.apache.ignite.spi.discovery.tcp.ipfinder.vm.TcpDiscoveryVmIpFinder;
  *                        127.0.0.1:47500..47502 (default: this node only)
  * --work-dir DIR         Ignite work directory (required)
  * --name NAME            instance and consistent id (default stalwart-PORT)
- * --region-mb N          max off-heap data region size (default 256)
+ * --region-mb N          max off-heap data region size (default 1024)
  * </pre>
  */
 public final class StalwartIgniteNode {
@@ -48,7 +48,7 @@ public final class StalwartIgniteNode {
         int commPort = intArg(args, "communication-port");
         String workDir = required(args, "work-dir");
         String name = args.getOrDefault("name", "stalwart-" + clientPort);
-        long regionBytes = Long.parseLong(args.getOrDefault("region-mb", "256")) << 20;
+        long regionBytes = Long.parseLong(args.getOrDefault("region-mb", "1024")) << 20;
         List<String> peers = new ArrayList<>(Arrays.asList(
             args.getOrDefault("peers", host + ":" + discoveryPort).split(",")));
 
