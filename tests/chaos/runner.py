@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -91,12 +89,11 @@ async def _hit(local, client, job_id, recorder, fault: Fault, applied: list[Appl
     name = await target(fault.role, local, client, job_id)
     applied.append(Applied(fault, name, recorder.step))
     if fault.action == "stop":
-        pid = local.member(name).pid
-        os.killpg(pid, signal.SIGSTOP)
+        local.pause(name)
         try:
             await asyncio.sleep(fault.stop_s)  # the pause is the fault itself
         finally:
-            os.killpg(pid, signal.SIGCONT)
+            local.resume(name)
         return
     stand_in = await _kill_and_replace(local, name)
     if fault.kill_stand_in:
@@ -121,9 +118,15 @@ async def target(role: str, local: cluster.LocalCluster, client, job_id: str) ->
                                  local, client, job_id)  # fmt: skip
     if role == "primary":
         return await pick_target("paramserver", local, client, job_id)
-    if role == "backup":
-        groups = (await client.get_shard_map(job_id)).groups
-        return local.by_address(groups[0].backup_addresses[0]).name
+    if role in ("backup", "spare"):
+        group = (await client.get_shard_map(job_id)).groups[0]
+        if role == "backup":
+            return local.by_address(group.backup_addresses[0]).name
+        serving = {
+            local.by_address(a).name for a in [group.primary_address, *group.backup_addresses]
+        }
+        spares = [m for m in local.of_role("paramserver") if m.shard == group.shard]
+        return _first_alive(local, "paramserver", exclude=serving, among=spares)
     if role == "standby":
         job = await client.get_job(job_id)
         holders = {s.node_id for s in job.slots}
@@ -134,8 +137,10 @@ async def target(role: str, local: cluster.LocalCluster, client, job_id: str) ->
     raise ValueError(f"unknown role {role!r}")
 
 
-def _first_alive(local: cluster.LocalCluster, role: str, exclude: set[str]) -> str:
-    for m in local.of_role(role):
+def _first_alive(
+    local: cluster.LocalCluster, role: str, exclude: set[str], among: list | None = None
+) -> str:
+    for m in among if among is not None else local.of_role(role):
         if m.name not in exclude and local.alive(m.name):
             return m.name
     raise AssertionError(f"no live {role} outside {sorted(exclude)}")

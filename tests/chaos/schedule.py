@@ -5,7 +5,8 @@ a reproducible bug report (`make chaos SEEDS=17`). The runner (runner.py) turns 
 schedule into signals against a local cluster.
 
 Each fault hits one role, resolved at fault time from what the cluster reports
-(the slot trainer, the paramserver primary, the coordinator leader, ...), with
+(the slot trainer, the paramserver primary or its warm spare, the coordinator
+leader, ...), with
 kill -9 (a crash) or SIGSTOP for a few seconds (a hang, then the process goes on
 as if nothing happened). Some faults bring a second one within a second, on a
 role of another service, so that no group loses every replica at once; some
@@ -17,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-ROLES = ("trainer", "standby", "primary", "backup", "leader", "follower")
+ROLES = ("trainer", "standby", "primary", "backup", "spare", "leader", "follower")
 ACTIONS = ("kill", "stop")
 #: Which service each role is a replica of: a second fault never hits the same one.
 SERVICE_OF = {
