@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from stalwart import cluster
-from stalwart.api import coordinator
+from stalwart.api import coordinator, paramserver, paramserver_grpc
+from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo.run import FINISHED, pick_target
 from stalwart.demo.timeline import Ev
@@ -119,14 +120,15 @@ async def target(role: str, local: cluster.LocalCluster, client, job_id: str) ->
     if role == "primary":
         return await pick_target("paramserver", local, client, job_id)
     if role in ("backup", "spare"):
+        # the shard map lists every other replica for clients to fail over to: the
+        # primary itself says which of them it replicates to
         group = (await client.get_shard_map(job_id)).groups[0]
+        backups = await _backups_of(group.primary_address)
         if role == "backup":
-            return local.by_address(group.backup_addresses[0]).name
-        serving = {
-            local.by_address(a).name for a in [group.primary_address, *group.backup_addresses]
-        }
-        spares = [m for m in local.of_role("paramserver") if m.shard == group.shard]
-        return _first_alive(local, "paramserver", exclude=serving, among=spares)
+            return local.by_address(backups[0]).name
+        serving = {local.by_address(a).name for a in [group.primary_address, *backups]}
+        replicas = [m for m in local.of_role("paramserver") if m.shard == group.shard]
+        return _first_alive(local, "paramserver", exclude=serving, among=replicas)
     if role == "standby":
         job = await client.get_job(job_id)
         holders = {s.node_id for s in job.slots}
@@ -135,6 +137,14 @@ async def target(role: str, local: cluster.LocalCluster, client, job_id: str) ->
         leader = (await client.cluster_status()).leader_address
         return _first_alive(local, "coordinator", exclude={local.by_address(leader).name})
     raise ValueError(f"unknown role {role!r}")
+
+
+async def _backups_of(primary: str) -> list[str]:
+    async with open_channel(primary) as channel:
+        stub = paramserver_grpc.ParamServerServiceStub(channel)
+        reply = await stub.GetReplicaStatus(paramserver.GetReplicaStatusRequest(), timeout=10)
+    assert reply.backups, f"the primary at {primary} replicates to no backup"
+    return [b.address for b in reply.backups]
 
 
 def _first_alive(
