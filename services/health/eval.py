@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from services.health import datasets, eval_detection, eval_prediction, transceiver
+from services.health import datasets, eval_detection, eval_prediction, seeds, transceiver
 
 
 def load(name: str, machines: list[str] | None, seed: int, horizon: float | None):
@@ -38,6 +38,24 @@ def run(name: str, machines=None, seed: int = 0, horizon: float | None = None) -
     if isinstance(ds, datasets.DetectionSet):
         return eval_detection.run(ds, seed)
     return eval_prediction.run(ds, seed)
+
+
+def run_seeds(name: str, seed_list: list[int], horizon: float | None = None) -> dict:
+    """One prediction run per seed, then the comparison over seeds. A line per seed goes
+    to stderr as it finishes, so a long sweep shows progress and leaves its figures."""
+    per_seed = {}
+    for s in seed_list:
+        r = run(name, None, s, horizon)
+        if r["task"] != "prediction":
+            raise ValueError(f"--seeds is for failure prediction; {name} is a detection set")
+        per_seed[s] = r
+        e = {m: r["methods"][m]["entity"] for m in r["methods"]}
+        print(f"seed {s}: " + ", ".join(
+            f"{m} F1 {v['f1']:.3f} FA {int(v['false_alarms'])}" for m, v in e.items()
+        ) + f" ({r['seconds']} s)", file=sys.stderr, flush=True)
+    out = seeds.summarise(per_seed)
+    out.update(dataset=name, task="prediction_seeds", per_seed=per_seed)
+    return out
 
 
 def _clean(o):
@@ -97,6 +115,31 @@ def _prediction_table(r: dict) -> list[str]:
     return lines
 
 
+def _seeds_table(r: dict) -> list[str]:
+    lines = [f"{r['dataset']}: module-level F1 over seeds {_span(r['seeds'])}",
+             f"{'method':27s} {'mean':>6s} {'std':>6s} {'min':>6s} {'max':>6s} {'FA':>5s}"]
+    for n, m in r["methods"].items():
+        lines.append(f"{n:27s} {_f(m['f1_mean'])} {_f(m['f1_std'])} {_f(m['f1_min'])} "
+                     f"{_f(m['f1_max'])} {int(m['false_alarms']):5d}")
+    c = r.get("student_vs_lstm")
+    if c:
+        g = c["goal"]
+        lines.append(f"student vs LSTM: {c['wins']} wins, {c['ties']} ties, {c['losses']} "
+                     f"losses; mean margin {c['mean_margin']:+.3f}; per seed "
+                     + " ".join(f"{d:+.3f}" for d in c["margin_per_seed"]))
+        lines.append(f"goal (wins >= {seeds.GOAL_WINS:.0%} of seeds, margin >= "
+                     f"{seeds.GOAL_MARGIN}, no more false alarms): "
+                     + ("MET" if g["met"] else "NOT MET") + " ("
+                     + ", ".join(f"{k} {'ok' if v else 'no'}" for k, v in g.items() if k != "met")
+                     + ")")
+    lines.append("FA = false alarms (entities), summed over seeds")
+    return lines
+
+
+def _span(xs: list[int]) -> str:
+    return f"{xs[0]}-{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ",".join(map(str, xs))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m services.health.eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,20 +147,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", choices=["table", "json"], default="table")
     ap.add_argument("--machines", nargs="*", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None,
+                    help="prediction over several seeds, e.g. 0-9 or 3,5,7-8: mean, spread "
+                         "and the student's wins against the LSTM")
     ap.add_argument("--horizon", type=float, default=None,
                     help="prediction horizon in the data's time unit (cmapss: 30 cycles)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)  # the machine is shared: one core per evaluation
     try:
-        r = _clean(run(a.dataset, a.machines, a.seed, a.horizon))
-    except datasets.DatasetMissing as e:
+        if a.seeds is not None:
+            r = _clean(run_seeds(a.dataset, seeds.parse_seeds(a.seeds), a.horizon))
+        else:
+            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon))
+    except (datasets.DatasetMissing, ValueError) as e:
         print(f"Error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if a.output == "json":
         print(json.dumps(r))
-    else:
-        table = _detection_table if r["task"] == "detection" else _prediction_table
-        print("\n".join(table(r)))
+        return 0
+    table = {"detection": _detection_table, "prediction": _prediction_table,
+             "prediction_seeds": _seeds_table}[r["task"]]
+    print("\n".join(table(r)))
+    if "seconds" in r:
         print(f"({r['seconds']} s)")
     return 0
 
