@@ -2,9 +2,15 @@
 
     python -m services.health.eval --dataset smd|asd|cmapss|transceiver|csv:PATH
         [--output table|json] [--machines M ...] [--seed N] [--horizon H]
+        [--holdout-machines [M ...]] [--seeds 0-9] [--profile transceiver]
 
 Every method's figures come from one run. ``--output json`` prints one JSON object.
-A missing data set exits with code 2 and one line saying where to get it.
+--holdout-machines (detection): the detector and its threshold level are chosen on the
+other machines and reported on these (no names: each machine in turn).
+--seeds (prediction): one run per seed; mean, spread and the student's wins vs the LSTM.
+
+Public data sets are read from $STALWART_DATA_DIR (default: ../shared/data beside the
+repository). A missing data set or a bad file exits with code 2 and one `Error: ...` line.
 """
 
 from __future__ import annotations
@@ -33,10 +39,13 @@ def load(name: str, machines: list[str] | None, seed: int, horizon: float | None
     raise ValueError(f"unknown dataset {name!r}: smd, asd, cmapss, transceiver or csv:PATH")
 
 
-def run(name: str, machines=None, seed: int = 0, horizon: float | None = None) -> dict:
+def run(name: str, machines=None, seed: int = 0, horizon: float | None = None,
+        holdout_machines: list[str] | None = None) -> dict:
     ds = load(name, machines, seed, horizon)
     if isinstance(ds, datasets.DetectionSet):
-        return eval_detection.run(ds, seed)
+        return eval_detection.run(ds, seed, holdout_machines=holdout_machines)
+    if holdout_machines is not None:
+        raise ValueError("--holdout-machines is for detection data sets (smd, asd, csv with label)")
     return eval_prediction.run(ds, seed)
 
 
@@ -97,6 +106,35 @@ def _detection_table(r: dict) -> list[str]:
     return lines
 
 
+def _holdout_table(r: dict) -> list[str]:
+    lines = [f"{r['dataset']}: leave machines out, reported on {len(r['reported'])} machines, "
+             f"each with a choice tuned on the others",
+             f"rule: {r['selection_rule']}",
+             f"{'method':18s} {'P':>6s} {'R':>6s} {'F1':>6s} {'PA-P':>6s} {'PA-R':>6s} "
+             f"{'PA-F1':>6s} {'bestF1*':>7s}"]
+    for n, m in r["mean"].items():
+        p, a = m["point"], m["point_adjusted"]
+        lines.append(f"{n:18s} {_f(p['precision'])} {_f(p['recall'])} {_f(p['f1'])} "
+                     f"{_f(a['precision'])} {_f(a['recall'])} {_f(a['f1'])} "
+                     f"{_f(m['best_f1_optimistic'])}")
+    lines.append("chosen per reported machine: "
+                 + ", ".join(f"{k} {v}" for k, v in r["chosen_as"].items()))
+    g = r["goal_beats_pca"]
+    lines.append("goal (chosen beats PCA on raw F1 and on PA-F1): "
+                 + ("MET" if g["met"] else "NOT MET")
+                 + f" (raw {'yes' if g['raw_f1'] else 'no'}, PA {'yes' if g['pa_f1'] else 'no'})")
+    lines.append("other rows: each detector at the 0.99 level on the same machines; "
+                 "* bestF1 uses test labels: OPTIMISTIC, not a result")
+    lines.append("per machine, F1 / PA-F1:")
+    names = list(r["mean"])
+    lines.append(f"{'machine':14s} " + " ".join(f"{n[:15]:>15s}" for n in names))
+    for mach, res in r["per_machine"].items():
+        cells = [f"{res[n]['point']['f1']:.3f} / {res[n]['point_adjusted']['f1']:.3f}"
+                 for n in names]
+        lines.append(f"{mach:14s} " + " ".join(f"{c:>15s}" for c in cells))
+    return lines
+
+
 def _prediction_table(r: dict) -> list[str]:
     u = r["time_unit"]
     lines = [f"{r['dataset']}: predict failure within {r['horizon']} {u}; entities "
@@ -147,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", choices=["table", "json"], default="table")
     ap.add_argument("--machines", nargs="*", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--holdout-machines", nargs="*", default=None, metavar="MACHINE",
+                    help="leave machines out: choose the detector and threshold level on the "
+                         "other machines, report on these; with no names, each machine in turn")
     ap.add_argument("--seeds", default=None,
                     help="prediction over several seeds, e.g. 0-9 or 3,5,7-8: mean, spread "
                          "and the student's wins against the LSTM")
@@ -158,14 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         if a.seeds is not None:
             r = _clean(run_seeds(a.dataset, seeds.parse_seeds(a.seeds), a.horizon))
         else:
-            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon))
+            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon, a.holdout_machines))
     except (datasets.DatasetMissing, ValueError) as e:
         print(f"Error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if a.output == "json":
         print(json.dumps(r))
         return 0
-    table = {"detection": _detection_table, "prediction": _prediction_table,
+    table = {"detection": _detection_table, "detection_holdout": _holdout_table,
+             "prediction": _prediction_table,
              "prediction_seeds": _seeds_table}[r["task"]]
     print("\n".join(table(r)))
     if "seconds" in r:
