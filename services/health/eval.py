@@ -22,10 +22,18 @@ import sys
 
 import torch
 
-from services.health import datasets, eval_detection, eval_prediction, seeds, transceiver
+from services.health import (
+    datasets,
+    eval_detection,
+    eval_prediction,
+    fleetcsv,
+    seeds,
+    transceiver,
+)
 
 
-def load(name: str, machines: list[str] | None, seed: int, horizon: float | None):
+def load(name: str, machines: list[str] | None, seed: int, horizon: float | None,
+         csv_opts: dict | None = None):
     if name == "smd":
         return datasets.load_smd(machines)
     if name == "asd":
@@ -35,13 +43,13 @@ def load(name: str, machines: list[str] | None, seed: int, horizon: float | None
     if name == "transceiver":
         return transceiver.load_transceiver(seed)
     if name.startswith("csv:"):
-        return datasets.load_csv(name[4:], horizon or 24.0, seed)
+        return datasets.load_csv(name[4:], horizon or 24.0, seed, **(csv_opts or {}))
     raise ValueError(f"unknown dataset {name!r}: smd, asd, cmapss, transceiver or csv:PATH")
 
 
 def run(name: str, machines=None, seed: int = 0, horizon: float | None = None,
-        holdout_machines: list[str] | None = None) -> dict:
-    ds = load(name, machines, seed, horizon)
+        holdout_machines: list[str] | None = None, csv_opts: dict | None = None) -> dict:
+    ds = load(name, machines, seed, horizon, csv_opts)
     if isinstance(ds, datasets.DetectionSet):
         return eval_detection.run(ds, seed, holdout_machines=holdout_machines)
     if holdout_machines is not None:
@@ -49,12 +57,13 @@ def run(name: str, machines=None, seed: int = 0, horizon: float | None = None,
     return eval_prediction.run(ds, seed)
 
 
-def run_seeds(name: str, seed_list: list[int], horizon: float | None = None) -> dict:
+def run_seeds(name: str, seed_list: list[int], horizon: float | None = None,
+              csv_opts: dict | None = None) -> dict:
     """One prediction run per seed, then the comparison over seeds. A line per seed goes
     to stderr as it finishes, so a long sweep shows progress and leaves its figures."""
     per_seed = {}
     for s in seed_list:
-        r = run(name, None, s, horizon)
+        r = run(name, None, s, horizon, csv_opts=csv_opts)
         if r["task"] != "prediction":
             raise ValueError(f"--seeds is for failure prediction; {name} is a detection set")
         per_seed[s] = r
@@ -179,7 +188,8 @@ def _span(xs: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m services.health.eval", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m services.health.eval",
+                                 description=__doc__, epilog=fleetcsv.SCHEMA,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--output", choices=["table", "json"], default="table")
@@ -192,14 +202,29 @@ def main(argv: list[str] | None = None) -> int:
                     help="prediction over several seeds, e.g. 0-9 or 3,5,7-8: mean, spread "
                          "and the student's wins against the LSTM")
     ap.add_argument("--horizon", type=float, default=None,
-                    help="prediction horizon in the data's time unit (cmapss: 30 cycles)")
+                    help="prediction horizon in the data's time unit (cmapss: 30 cycles; "
+                         "csv: hours, default 24)")
+    ap.add_argument("--poll-interval", type=float, default=None, metavar="HOURS",
+                    help="csv: the declared poll interval; longer spacings are missed polls "
+                         "(default: the file's median spacing)")
+    ap.add_argument("--time-unit", default="h", choices=sorted(fleetcsv.TIME_UNITS),
+                    help="csv: unit of numeric times (h: hours; s or ms: epoch seconds or "
+                         "milliseconds); ISO 8601 times are always accepted")
+    ap.add_argument("--profile", choices=fleetcsv.PROFILES, default=None,
+                    help="csv: apply a tuned profile's settings (transceiver: lanes from "
+                         "NAME_<n> columns, 6 h windows, 6 h teacher shift)")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="csv: no progress bar on stderr")
     a = ap.parse_args(argv)
+    csv_opts = {"poll_interval": a.poll_interval, "time_unit": a.time_unit,
+                "profile": a.profile, "progress": not a.no_progress}
     torch.set_num_threads(1)  # the machine is shared: one core per evaluation
     try:
         if a.seeds is not None:
-            r = _clean(run_seeds(a.dataset, seeds.parse_seeds(a.seeds), a.horizon))
+            r = _clean(run_seeds(a.dataset, seeds.parse_seeds(a.seeds), a.horizon, csv_opts))
         else:
-            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon, a.holdout_machines))
+            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon, a.holdout_machines,
+                           csv_opts))
     except (datasets.DatasetMissing, ValueError) as e:
         print(f"Error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
