@@ -11,7 +11,8 @@ are clipped at ``clip``, so one metric can add at most a bounded amount to any s
 
 Metrics constant in training carry nothing a detector can learn normal behaviour from,
 and any change would be an infinite z: they are flagged (``constant``) and left out of
-the detector's inputs (``transform`` drops them).
+the detector's inputs (``transform`` drops them). For reports (``z``) their spread is
+0.1% of their value, so a gauge that never moved and then does shows as far out.
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ class RobustScaler:
         span = np.nanmax(x, axis=0) - np.nanmin(x, axis=0)
         res = np.array([resolution(x[:, c]) for c in range(x.shape[1])])
         self.constant = ~(span > 0)  # NaN-only columns count as constant too
-        self.keep = np.flatnonzero(~self.constant)
+        # With nothing but constant metrics, keep them all (their inputs are then 0).
+        self.keep = np.flatnonzero(~self.constant) if not self.constant.all() else np.arange(
+            x.shape[1])
         floor = np.maximum(res, self.range_floor * np.nan_to_num(span))
         self.centre = np.nan_to_num(med)
-        self.spread = np.where(self.constant, 1.0, np.maximum((q3 - q1) / IQR_TO_SD, floor))
+        fixed = 1e-6 + 1e-3 * np.abs(self.centre)
+        self.spread = np.where(self.constant, fixed, np.maximum((q3 - q1) / IQR_TO_SD, floor))
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -54,5 +58,5 @@ class RobustScaler:
 
     def z(self, x: np.ndarray) -> np.ndarray:
         """Like ``transform`` but unclipped and for every metric (constant ones against
-        their one value, in units of 1): how far out each metric is, for reports."""
+        their one value): how far out each metric is, for reports and far-out checks."""
         return (np.asarray(x, dtype=np.float64) - self.centre) / self.spread
