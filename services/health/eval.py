@@ -102,13 +102,7 @@ def _detection_table(r: dict) -> list[str]:
                      f"{_f(m['point_adjusted']['f1'])} {_f(e['event_recall'])} "
                      f"{_f(e['mean_delay'])} {_f(m['best_f1_optimistic'])}")
     lines.append("* best F1 over test thresholds: OPTIMISTIC (uses test labels), not a result")
-    lines.append("per machine, F1 / PA-F1:")
-    names = list(r["mean"])
-    lines.append(f"{'machine':14s} " + " ".join(f"{n[:17]:>17s}" for n in names))
-    for mach, res in r["per_machine"].items():
-        cells = [f"{res[n]['point']['f1']:.3f} / {res[n]['point_adjusted']['f1']:.3f}"
-                 for n in names]
-        lines.append(f"{mach:14s} " + " ".join(f"{c:>17s}" for c in cells))
+    lines += _per_machine(r, 17)
     ref = r.get("reference_not_our_result")
     if ref:
         lines.append("reference, NOT our result: " + "; ".join(f"{k}={v}" for k, v in ref.items()))
@@ -134,13 +128,17 @@ def _holdout_table(r: dict) -> list[str]:
                  + f" (raw {'yes' if g['raw_f1'] else 'no'}, PA {'yes' if g['pa_f1'] else 'no'})")
     lines.append("other rows: each detector at the 0.99 level on the same machines; "
                  "* bestF1 uses test labels: OPTIMISTIC, not a result")
-    lines.append("per machine, F1 / PA-F1:")
+    return lines + _per_machine(r, 15)
+
+
+def _per_machine(r: dict, width: int) -> list[str]:
     names = list(r["mean"])
-    lines.append(f"{'machine':14s} " + " ".join(f"{n[:15]:>15s}" for n in names))
+    lines = ["per machine, F1 / PA-F1:",
+             f"{'machine':14s} " + " ".join(f"{n[:width]:>{width}s}" for n in names)]
     for mach, res in r["per_machine"].items():
         cells = [f"{res[n]['point']['f1']:.3f} / {res[n]['point_adjusted']['f1']:.3f}"
                  for n in names]
-        lines.append(f"{mach:14s} " + " ".join(f"{c:>15s}" for c in cells))
+        lines.append(f"{mach:14s} " + " ".join(f"{c:>{width}s}" for c in cells))
     return lines
 
 
