@@ -2,7 +2,7 @@
 
 Two shapes of data come out of here:
 
-- ``DetectionSet`` (smd, asd, csv with a ``label`` column): per machine an unlabelled
+- ``DetectionSet`` (smd, asd, csv with a ``label`` column: see ``fleetcsv``): per machine an unlabelled
   training series, a test series and its point labels. Detectors fit on train only.
 - ``PredictionSet`` (cmapss, transceiver, csv with a ``failure_time`` column): entities
   (engines, optical modules) observed over time, some of which fail. The task is
@@ -15,7 +15,6 @@ whose message says in one line where to get it.
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,108 +161,9 @@ def load_cmapss(horizon: float = 30.0) -> PredictionSet:
 # --------------------------------------------------------------------------- csv
 
 
-CSV_SCHEMA = """\
-CSV schema (header row required, comma-separated):
-  entity        id of the machine/module/node the row belongs to (string)
-  timestamp     float time in hours, or ISO 8601 (converted to hours since the epoch)
-  <metrics...>  any other numeric columns; empty cell = missing sample. For prediction,
-                a name ending in _total marks a cumulative counter (as in Prometheus):
-                the model sees its per-sample increments
-  label         0/1 per row (anomaly detection)            -- one of these two
-  failure_time  time the entity failed, same unit as timestamp, empty if it never did
-  split         optional: train/test per row (detection) or per entity (prediction)
-"""
+def load_csv(path: str, horizon: float = 24.0, seed: int = 0, **opts):
+    """A fleet export in ``fleetcsv.SCHEMA`` (streamed; bad rows raise ``CsvError``, a
+    ValueError naming the row and column). ``opts``: the rest of ``fleetcsv.CsvOptions``."""
+    from services.health import fleetcsv  # it imports the dataclasses above
 
-
-def _parse_time(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        seconds = np.datetime64(value.replace("Z", ""), "s").astype(np.int64)
-        return float(seconds) / 3600.0
-
-
-def _read_rows(path: Path) -> tuple[list[str], list[dict]]:
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        rows = list(reader)
-        header = reader.fieldnames or []
-    for col in ("entity", "timestamp"):
-        if col not in header:
-            raise ValueError(f"{path}: missing column '{col}'\n{CSV_SCHEMA}")
-    if ("label" in header) == ("failure_time" in header):
-        raise ValueError(f"{path}: need exactly one of 'label' or 'failure_time'\n{CSV_SCHEMA}")
-    return header, rows
-
-
-def _num(v: str) -> float:
-    return float(v) if v not in ("", "nan", "NaN", None) else float("nan")
-
-
-def load_csv(path: str, horizon: float = 24.0, seed: int = 0) -> DetectionSet | PredictionSet:
-    """Read a telemetry file in ``CSV_SCHEMA``. Without a split column, detection entities
-    use their first half as training data; prediction entities go 70/30 into train/test
-    by a seeded shuffle."""
-    p = Path(path)
-    if not p.is_file():
-        raise DatasetMissing(f"csv file {p} not found; the schema is:\n{CSV_SCHEMA}")
-    header, rows = _read_rows(p)
-    reserved = {"entity", "timestamp", "label", "failure_time", "split"}
-    metrics = [c for c in header if c not in reserved]
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(r["entity"], []).append(r)
-    if "label" in header:
-        return _csv_detection(p.name, groups, metrics)
-    return _csv_prediction(p.name, groups, metrics, horizon, seed)
-
-
-def _sorted_block(rs: list[dict], metrics: list[str]):
-    rs = sorted(rs, key=lambda r: _parse_time(r["timestamp"]))
-    t = np.array([_parse_time(r["timestamp"]) for r in rs])
-    x = np.array([[_num(r[m]) for m in metrics] for r in rs], dtype=np.float32)
-    return rs, t, x
-
-
-def _csv_detection(name, groups, metrics) -> DetectionSet:
-    machines = []
-    for ent, rs in groups.items():
-        rs, _, x = _sorted_block(rs, metrics)
-        y = np.array([int(float(r["label"] or 0)) for r in rs], dtype=np.int8)
-        if "split" in rs[0]:
-            is_train = np.array([r["split"].strip().lower() == "train" for r in rs])
-        else:
-            is_train = np.arange(len(rs)) < len(rs) // 2
-        # Detectors train unlabelled, so missing values are filled from the column
-        # median of the training part (forward-fill would need an order-aware model).
-        med = np.nan_to_num(np.nanmedian(x[is_train], axis=0))
-        x = np.where(np.isnan(x), med, x)
-        machines.append(Machine(ent, x[is_train], x[~is_train], y[~is_train]))
-    return DetectionSet(f"csv:{name}", machines)
-
-
-def _csv_prediction(name, groups, metrics, horizon, seed) -> PredictionSet:
-    ents, split = [], {}
-    for ent, rs in groups.items():
-        rs, t, x = _sorted_block(rs, metrics)
-        f = _num(rs[0]["failure_time"])
-        # Rows at or after the failure are the dead module, not a precursor.
-        keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)
-        ents.append(Entity(ent, t[keep], x[keep], f, "failing" if np.isfinite(f) else "healthy"))
-        if "split" in rs[0]:
-            split[ent] = rs[0]["split"].strip().lower()
-    if not split:
-        order = np.random.default_rng(seed).permutation(len(ents))
-        cut = int(round(0.7 * len(ents)))
-        split = {ents[i].name: ("train" if k < cut else "test") for k, i in enumerate(order)}
-    steps = [np.median(np.diff(e.t)) for e in ents if len(e.t) > 1]
-    return PredictionSet(
-        name=f"csv:{name}",
-        channels=metrics,
-        train=[e for e in ents if split[e.name] == "train"],
-        test=[e for e in ents if split[e.name] != "train"],
-        horizon=horizon,
-        time_unit="hours",
-        step=float(np.median(steps)) if steps else 1.0,
-        notes={"counters": [m for m in metrics if m.endswith("_total")]},
-    )
+    return fleetcsv.load(path, fleetcsv.CsvOptions(horizon=horizon, seed=seed, **opts))

@@ -4,6 +4,11 @@ Every detector learns from unlabelled training data only. ``fit`` holds out the 
 ``val_fraction`` of the training series (the most recent part, as a deployment would) and
 sets ``threshold`` to the ``quantile`` of the scores on that held-out part, so no test
 label ever touches a threshold. A higher score means more anomalous.
+
+``fit`` first scales the metrics with ``scaling.RobustScaler`` fitted on the same first
+part (robust centre and floored spread, clipped, constant metrics dropped), so no metric
+can blow a score up; ``score`` applies the same scaling. ``fit_model`` takes inputs that
+are already standardised (the failure predictor's window summaries) and scales nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from sklearn.decomposition import PCA
 from sklearn.ensemble import IsolationForest
 from torch import nn
 
+from services.health.scaling import RobustScaler
+
 
 class Detector:
     name = "detector"
@@ -23,12 +30,18 @@ class Detector:
         self.val_fraction = val_fraction
         self.seed = seed
         self.threshold = float("inf")
+        self.scaler: RobustScaler | None = None
+        self.tail_scores = np.zeros(0)
 
     def fit(self, train: np.ndarray) -> Detector:
         train = np.asarray(train, dtype=np.float32)
         cut = int(len(train) * (1 - self.val_fraction))
-        self._fit(train[:cut])
-        self.threshold = float(np.quantile(self.score(train[cut:]), self.quantile))
+        self.scaler = RobustScaler().fit(train[:cut])
+        self._fit(self.scaler.transform(train[:cut]))
+        # Kept so a caller can try other quantiles without refitting (machine-level
+        # tuning in eval_detection); the threshold itself is set here, once.
+        self.tail_scores = self.score(train[cut:])
+        self.threshold = float(np.quantile(self.tail_scores, self.quantile))
         return self
 
     def fit_model(self, train: np.ndarray) -> Detector:
@@ -44,6 +57,9 @@ class Detector:
         raise NotImplementedError
 
     def score(self, x: np.ndarray) -> np.ndarray:
+        return self._score(x if self.scaler is None else self.scaler.transform(x))
+
+    def _score(self, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -58,7 +74,7 @@ class ThresholdRule(Detector):
         # Metrics that never move in training get a floor, else any wiggle is infinite.
         self.sd = np.maximum(x.std(axis=0), 1e-3)
 
-    def score(self, x):
+    def _score(self, x):
         return np.abs((np.asarray(x) - self.mu) / self.sd).max(axis=1)
 
 
@@ -75,7 +91,7 @@ class PCAReconstruction(Detector):
     def _fit(self, x):
         self.pca = PCA(n_components=self.variance, svd_solver="full").fit(x)
 
-    def score(self, x):
+    def _score(self, x):
         x = np.asarray(x, dtype=np.float64)
         rec = self.pca.inverse_transform(self.pca.transform(x))
         return ((x - rec) ** 2).sum(axis=1)
@@ -96,7 +112,7 @@ class IForest(Detector):
             n_estimators=self.n_estimators, random_state=self.seed, n_jobs=1
         ).fit(x)
 
-    def score(self, x):
+    def _score(self, x):
         return -self.model.score_samples(np.asarray(x, dtype=np.float32))
 
 
@@ -157,7 +173,7 @@ class Forecast(Detector):
         """(n, d) squared forecast error per metric, in units of its training mean."""
         return self._squared_errors(x) / self.scale
 
-    def score(self, x):
+    def _score(self, x):
         return self.feature_errors(x).mean(axis=1)
 
 
@@ -216,7 +232,7 @@ class Autoencoder(Detector):
                 opt.step()
         self.model.eval()
 
-    def score(self, x):
+    def _score(self, x):
         w = torch.from_numpy(sliding(np.asarray(x, np.float32), self.window))
         with torch.no_grad():
             return ((self.model(w) - w) ** 2).mean(dim=1).numpy().astype(np.float64)
@@ -260,11 +276,32 @@ class ForecastAutoencoder(Detector):
             (self.ae.feature_errors(x) / self.ae_scale).mean(axis=1),
         ]
 
-    def score(self, x):
+    def _score(self, x):
         parts = self._parts(x)
         return np.mean(
             [(s - med) / iqr for s, (med, iqr) in zip(parts, self.scales, strict=True)], axis=0
         )
+
+
+class Ensemble(Detector):
+    """One detector of each family, averaged: reconstruction (PCA), isolation (Isolation
+    Forest) and forecasting (``Forecast``). Each member's score is put on a common scale
+    by the median and interquartile range of its scores on the fitting data, then the
+    three are averaged. Fixed before any test figure of it was seen; the autoencoder is
+    left out because it costs more than the three others together."""
+
+    name = "ensemble"
+
+    def _fit(self, x):
+        self.members = [PCAReconstruction(seed=self.seed), IForest(seed=self.seed),
+                        Forecast(seed=self.seed)]
+        for m in self.members:
+            m._fit(x)
+        self.scales = [_robust_scale(m.score(x)) for m in self.members]
+
+    def _score(self, x):
+        return np.mean([(m.score(x) - med) / iqr
+                        for m, (med, iqr) in zip(self.members, self.scales, strict=True)], axis=0)
 
 
 ALL = {
@@ -274,4 +311,5 @@ ALL = {
     "autoencoder": Autoencoder,
     "forecast": Forecast,
     "forecast_ae": ForecastAutoencoder,
+    "ensemble": Ensemble,
 }

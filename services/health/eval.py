@@ -2,9 +2,15 @@
 
     python -m services.health.eval --dataset smd|asd|cmapss|transceiver|csv:PATH
         [--output table|json] [--machines M ...] [--seed N] [--horizon H]
+        [--holdout-machines [M ...]] [--seeds 0-9] [--profile transceiver]
 
 Every method's figures come from one run. ``--output json`` prints one JSON object.
-A missing data set exits with code 2 and one line saying where to get it.
+--holdout-machines (detection): the detector and its threshold level are chosen on the
+other machines and reported on these (no names: each machine in turn).
+--seeds (prediction): one run per seed; mean, spread and the student's wins vs the LSTM.
+
+Public data sets are read from $STALWART_DATA_DIR (default: ../shared/data beside the
+repository). A missing data set or a bad file exits with code 2 and one `Error: ...` line.
 """
 
 from __future__ import annotations
@@ -16,10 +22,18 @@ import sys
 
 import torch
 
-from services.health import datasets, eval_detection, eval_prediction, transceiver
+from services.health import (
+    datasets,
+    eval_detection,
+    eval_prediction,
+    fleetcsv,
+    seeds,
+    transceiver,
+)
 
 
-def load(name: str, machines: list[str] | None, seed: int, horizon: float | None):
+def load(name: str, machines: list[str] | None, seed: int, horizon: float | None,
+         csv_opts: dict | None = None):
     if name == "smd":
         return datasets.load_smd(machines)
     if name == "asd":
@@ -29,15 +43,37 @@ def load(name: str, machines: list[str] | None, seed: int, horizon: float | None
     if name == "transceiver":
         return transceiver.load_transceiver(seed)
     if name.startswith("csv:"):
-        return datasets.load_csv(name[4:], horizon or 24.0, seed)
+        return datasets.load_csv(name[4:], horizon or 24.0, seed, **(csv_opts or {}))
     raise ValueError(f"unknown dataset {name!r}: smd, asd, cmapss, transceiver or csv:PATH")
 
 
-def run(name: str, machines=None, seed: int = 0, horizon: float | None = None) -> dict:
-    ds = load(name, machines, seed, horizon)
+def run(name: str, machines=None, seed: int = 0, horizon: float | None = None,
+        holdout_machines: list[str] | None = None, csv_opts: dict | None = None) -> dict:
+    ds = load(name, machines, seed, horizon, csv_opts)
     if isinstance(ds, datasets.DetectionSet):
-        return eval_detection.run(ds, seed)
+        return eval_detection.run(ds, seed, holdout_machines=holdout_machines)
+    if holdout_machines is not None:
+        raise ValueError("--holdout-machines is for detection data sets (smd, asd, csv with label)")
     return eval_prediction.run(ds, seed)
+
+
+def run_seeds(name: str, seed_list: list[int], horizon: float | None = None,
+              csv_opts: dict | None = None) -> dict:
+    """One prediction run per seed, then the comparison over seeds. A line per seed goes
+    to stderr as it finishes, so a long sweep shows progress and leaves its figures."""
+    per_seed = {}
+    for s in seed_list:
+        r = run(name, None, s, horizon, csv_opts=csv_opts)
+        if r["task"] != "prediction":
+            raise ValueError(f"--seeds is for failure prediction; {name} is a detection set")
+        per_seed[s] = r
+        e = {m: r["methods"][m]["entity"] for m in r["methods"]}
+        print(f"seed {s}: " + ", ".join(
+            f"{m} F1 {v['f1']:.3f} FA {int(v['false_alarms'])}" for m, v in e.items()
+        ) + f" ({r['seconds']} s)", file=sys.stderr, flush=True)
+    out = seeds.summarise(per_seed)
+    out.update(dataset=name, task="prediction_seeds", per_seed=per_seed)
+    return out
 
 
 def _clean(o):
@@ -66,16 +102,43 @@ def _detection_table(r: dict) -> list[str]:
                      f"{_f(m['point_adjusted']['f1'])} {_f(e['event_recall'])} "
                      f"{_f(e['mean_delay'])} {_f(m['best_f1_optimistic'])}")
     lines.append("* best F1 over test thresholds: OPTIMISTIC (uses test labels), not a result")
-    lines.append("per machine, F1 / PA-F1:")
-    names = list(r["mean"])
-    lines.append(f"{'machine':14s} " + " ".join(f"{n[:17]:>17s}" for n in names))
-    for mach, res in r["per_machine"].items():
-        cells = [f"{res[n]['point']['f1']:.3f} / {res[n]['point_adjusted']['f1']:.3f}"
-                 for n in names]
-        lines.append(f"{mach:14s} " + " ".join(f"{c:>17s}" for c in cells))
+    lines += _per_machine(r, 17)
     ref = r.get("reference_not_our_result")
     if ref:
         lines.append("reference, NOT our result: " + "; ".join(f"{k}={v}" for k, v in ref.items()))
+    return lines
+
+
+def _holdout_table(r: dict) -> list[str]:
+    lines = [f"{r['dataset']}: leave machines out, reported on {len(r['reported'])} machines, "
+             f"each with a choice tuned on the others",
+             f"rule: {r['selection_rule']}",
+             f"{'method':18s} {'P':>6s} {'R':>6s} {'F1':>6s} {'PA-P':>6s} {'PA-R':>6s} "
+             f"{'PA-F1':>6s} {'bestF1*':>7s}"]
+    for n, m in r["mean"].items():
+        p, a = m["point"], m["point_adjusted"]
+        lines.append(f"{n:18s} {_f(p['precision'])} {_f(p['recall'])} {_f(p['f1'])} "
+                     f"{_f(a['precision'])} {_f(a['recall'])} {_f(a['f1'])} "
+                     f"{_f(m['best_f1_optimistic'])}")
+    lines.append("chosen per reported machine: "
+                 + ", ".join(f"{k} {v}" for k, v in r["chosen_as"].items()))
+    g = r["goal_beats_pca"]
+    lines.append("goal (chosen beats PCA on raw F1 and on PA-F1): "
+                 + ("MET" if g["met"] else "NOT MET")
+                 + f" (raw {'yes' if g['raw_f1'] else 'no'}, PA {'yes' if g['pa_f1'] else 'no'})")
+    lines.append("other rows: each detector at the 0.99 level on the same machines; "
+                 "* bestF1 uses test labels: OPTIMISTIC, not a result")
+    return lines + _per_machine(r, 15)
+
+
+def _per_machine(r: dict, width: int) -> list[str]:
+    names = list(r["mean"])
+    lines = ["per machine, F1 / PA-F1:",
+             f"{'machine':14s} " + " ".join(f"{n[:width]:>{width}s}" for n in names)]
+    for mach, res in r["per_machine"].items():
+        cells = [f"{res[n]['point']['f1']:.3f} / {res[n]['point_adjusted']['f1']:.3f}"
+                 for n in names]
+        lines.append(f"{mach:14s} " + " ".join(f"{c:>{width}s}" for c in cells))
     return lines
 
 
@@ -97,27 +160,80 @@ def _prediction_table(r: dict) -> list[str]:
     return lines
 
 
+def _seeds_table(r: dict) -> list[str]:
+    lines = [f"{r['dataset']}: module-level F1 over seeds {_span(r['seeds'])}",
+             f"{'method':27s} {'mean':>6s} {'std':>6s} {'min':>6s} {'max':>6s} {'FA':>5s}"]
+    for n, m in r["methods"].items():
+        lines.append(f"{n:27s} {_f(m['f1_mean'])} {_f(m['f1_std'])} {_f(m['f1_min'])} "
+                     f"{_f(m['f1_max'])} {int(m['false_alarms']):5d}")
+    c = r.get("student_vs_lstm")
+    if c:
+        g = c["goal"]
+        lines.append(f"student vs LSTM: {c['wins']} wins, {c['ties']} ties, {c['losses']} "
+                     f"losses; mean margin {c['mean_margin']:+.3f}; per seed "
+                     + " ".join(f"{d:+.3f}" for d in c["margin_per_seed"]))
+        lines.append(f"goal (wins >= {seeds.GOAL_WINS:.0%} of seeds, margin >= "
+                     f"{seeds.GOAL_MARGIN}, no more false alarms): "
+                     + ("MET" if g["met"] else "NOT MET") + " ("
+                     + ", ".join(f"{k} {'ok' if v else 'no'}" for k, v in g.items() if k != "met")
+                     + ")")
+    lines.append("FA = false alarms (entities), summed over seeds")
+    return lines
+
+
+def _span(xs: list[int]) -> str:
+    return f"{xs[0]}-{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ",".join(map(str, xs))
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m services.health.eval", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m services.health.eval",
+                                 description=__doc__, epilog=fleetcsv.SCHEMA,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--output", choices=["table", "json"], default="table")
     ap.add_argument("--machines", nargs="*", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--holdout-machines", nargs="*", default=None, metavar="MACHINE",
+                    help="leave machines out: choose the detector and threshold level on the "
+                         "other machines, report on these; with no names, each machine in turn")
+    ap.add_argument("--seeds", default=None,
+                    help="prediction over several seeds, e.g. 0-9 or 3,5,7-8: mean, spread "
+                         "and the student's wins against the LSTM")
     ap.add_argument("--horizon", type=float, default=None,
-                    help="prediction horizon in the data's time unit (cmapss: 30 cycles)")
+                    help="prediction horizon in the data's time unit (cmapss: 30 cycles; "
+                         "csv: hours, default 24)")
+    ap.add_argument("--poll-interval", type=float, default=None, metavar="HOURS",
+                    help="csv: the declared poll interval; longer spacings are missed polls "
+                         "(default: the file's median spacing)")
+    ap.add_argument("--time-unit", default="h", choices=sorted(fleetcsv.TIME_UNITS),
+                    help="csv: unit of numeric times (h: hours; s or ms: epoch seconds or "
+                         "milliseconds); ISO 8601 times are always accepted")
+    ap.add_argument("--profile", choices=fleetcsv.PROFILES, default=None,
+                    help="csv: apply a tuned profile's settings (transceiver: lanes from "
+                         "NAME_<n> columns, 6 h windows, 6 h teacher shift)")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="csv: no progress bar on stderr")
     a = ap.parse_args(argv)
+    csv_opts = {"poll_interval": a.poll_interval, "time_unit": a.time_unit,
+                "profile": a.profile, "progress": not a.no_progress}
     torch.set_num_threads(1)  # the machine is shared: one core per evaluation
     try:
-        r = _clean(run(a.dataset, a.machines, a.seed, a.horizon))
-    except datasets.DatasetMissing as e:
+        if a.seeds is not None:
+            r = _clean(run_seeds(a.dataset, seeds.parse_seeds(a.seeds), a.horizon, csv_opts))
+        else:
+            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon, a.holdout_machines,
+                           csv_opts))
+    except (datasets.DatasetMissing, ValueError) as e:
         print(f"Error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if a.output == "json":
         print(json.dumps(r))
-    else:
-        table = _detection_table if r["task"] == "detection" else _prediction_table
-        print("\n".join(table(r)))
+        return 0
+    table = {"detection": _detection_table, "detection_holdout": _holdout_table,
+             "prediction": _prediction_table,
+             "prediction_seeds": _seeds_table}[r["task"]]
+    print("\n".join(table(r)))
+    if "seconds" in r:
         print(f"({r['seconds']} s)")
     return 0
 

@@ -77,19 +77,26 @@ def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(order[:cut]), np.sort(order[cut:])
 
 
+def settings(ds: PredictionSet) -> dict:
+    """The window settings of the data set, or of the profile a csv file asked for."""
+    return {**DEFAULT, **SETTINGS.get(ds.notes.get("profile", ds.name), {})}
+
+
 def _build(ds: PredictionSet, seed: int):
-    st = {**DEFAULT, **SETTINGS.get(ds.name, {})}
+    st = settings(ds)
     shift = st["shift"] or max(1, int(ds.horizon / ds.step / 4))
     counters = counter_columns(ds)
+    deltas = tuple(counter_columns(ds, "deltas"))
     lanes = [[ds.channels.index(c) for c in g] for g in ds.notes.get("lanes", [])]
     fit_i, val_i = _split(len(ds.train), seed)
     fit_e = [ds.train[i] for i in fit_i]
     val_e = [ds.train[i] for i in val_i]
-    cl = {id(e): clean(e, counters) for e in ds.train + ds.test}
+    cl = {id(e): clean(e, counters, deltas) for e in ds.train + ds.test}
     scale = Scaler().fit([cl[id(e)] for e in fit_e])
 
     def win(ents, stride):
-        xs = [features(scale(cl[id(e)]), st["baseline"], counters, lanes) for e in ents]
+        xs = [features(scale(cl[id(e)]), st["baseline"], counters + list(deltas), lanes)
+              for e in ents]
         return make_windows(ents, xs, st["length"], ds.horizon, shift, stride), ents
 
     return win(fit_e, st["stride"]), win(val_e, 1), win(ds.test, 1)
@@ -160,8 +167,7 @@ def run(
 ) -> dict:
     cfg = cfg or fgl.TrainConfig(seed=seed)
     if cfg.balanced is None:
-        st = {**DEFAULT, **SETTINGS.get(ds.name, {})}
-        cfg = dataclasses.replace(cfg, balanced=st["balanced"])
+        cfg = dataclasses.replace(cfg, balanced=settings(ds)["balanced"])
     (fit, _), (val, val_e), (test, test_e) = _build(ds, seed)
     idx = np.arange(len(fit.end))
     scorers = {}

@@ -8,9 +8,11 @@ alone (the hardware rules read them instead). A sample's anomaly score is the
 fraction of the training samples that look more normal than it (the empirical
 CDF of the forest's score), so 0.99 means "stranger than 99% of what we saw".
 
+Gauges are scaled by ``scaling.RobustScaler``, the offline detectors' scaling (robust
+centre, floored spread, clipped; gauges constant while fitting left out of the forest).
 A forest cannot tell how far beyond the training range a point lies: every tree
 puts it in the leaf at the edge, beside the most extreme training points. So a
-point more than ``far_z`` standard deviations out on any gauge scores 1.
+point more than ``far_z`` robust spreads out on any gauge (unclipped) scores 1.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
+from services.health.scaling import RobustScaler
 
 
 def gauge_names(samples: Sequence[Mapping[str, float]], share: float = 0.9) -> list[str]:
@@ -57,9 +61,9 @@ class FleetForest:
             self.pending.clear()  # nothing usable yet: start collecting again
             return
         x = self._matrix(self.pending, features, fill=None)
-        self.mean = x.mean(axis=0)
-        self.std = np.maximum(x.std(axis=0), 1e-6 + 1e-3 * np.abs(self.mean))
-        z = (x - self.mean) / self.std
+        self.scaler = RobustScaler().fit(x)
+        self.mean = self.scaler.centre  # a missing reading takes the training centre
+        z = self.scaler.transform(x)
         # Imported here: scikit-learn takes seconds to import, and the service
         # should answer before the fleet has sent enough samples to fit on.
         from sklearn.ensemble import IsolationForest
@@ -74,8 +78,8 @@ class FleetForest:
         if self.detector is None:
             return 0.0, []
         x = self._matrix([metrics], self.features, fill=self.mean)
-        z = (x - self.mean) / self.std
-        raw = float(-self.detector.score_samples(z)[0])
+        raw = float(-self.detector.score_samples(self.scaler.transform(x))[0])
+        z = self.scaler.z(x)
         anomaly = float(np.searchsorted(self.train_scores, raw, side="left")) / len(
             self.train_scores
         )

@@ -36,11 +36,14 @@ def _ffill(x: np.ndarray) -> np.ndarray:
 def _increments(col: np.ndarray) -> np.ndarray:
     """Per-poll increments of a cumulative counter. Counts accrued over a gap are spread
     evenly over it (known only when the gap ends, so missing polls repeat the previous
-    increment instead of looking ahead). Resets (negative steps) count as zero."""
+    increment instead of looking ahead). A drop is a reset, as in Prometheus: the counter
+    restarted from 0, so the increment is the value after the drop."""
     out = np.zeros(len(col))
     valid = np.flatnonzero(~np.isnan(col))
     if valid.size > 1:
-        rate = np.clip(np.diff(col[valid]), 0, None) / np.diff(valid)
+        v = col[valid]
+        step = np.diff(v)
+        rate = np.where(step < 0, v[1:], step) / np.diff(valid)
         out[valid[1:]] = rate
         last = np.full(len(col), np.nan)
         last[valid] = out[valid]
@@ -48,13 +51,23 @@ def _increments(col: np.ndarray) -> np.ndarray:
     return np.log1p(out)
 
 
-def clean(e: Entity, counters: list[int]) -> np.ndarray:
-    """(T, d) raw -> (T, d+1) float32: filled gauges, log counter increments, missed flag."""
+def _deltas(col: np.ndarray) -> np.ndarray:
+    """Per-poll increments reported as such: a negative one is a reset artefact (the
+    source subtracted across a restart) and counts as 0; a missed poll repeats the last."""
+    d = np.where(col < 0, 0.0, col)
+    return np.log1p(_ffill(d[:, None])[:, 0])
+
+
+def clean(e: Entity, counters: list[int], deltas: tuple[int, ...] = ()) -> np.ndarray:
+    """(T, d) raw -> (T, d+1) float32: filled gauges, log counter increments (cumulative
+    ``counters`` and per-poll ``deltas``), missed flag."""
     raw = e.x.astype(np.float64)
     missed = np.isnan(raw).all(axis=1)
     x = _ffill(raw)
     for c in counters:
         x[:, c] = _increments(raw[:, c])
+    for c in deltas:
+        x[:, c] = _deltas(raw[:, c])
     return np.column_stack([x, missed]).astype(np.float32)
 
 
@@ -132,6 +145,7 @@ def make_windows(
     )
 
 
-def counter_columns(ds: PredictionSet) -> list[int]:
-    names = ds.notes.get("counters", [])
+def counter_columns(ds: PredictionSet, kind: str = "counters") -> list[int]:
+    """Channel indices of the cumulative counters (``kind="deltas"``: per-poll ones)."""
+    names = ds.notes.get(kind, [])
     return [ds.channels.index(c) for c in names]
