@@ -2,23 +2,26 @@
 
 :func:`compute_gradients` is what trainers run; :func:`reference_run` is a
 single-process torch loop doing the same arithmetic in the same order as the
-paramserver (each slot's gradient, summed in slot order, then
-``torch.optim.<Opt>(foreach=False)`` built by :func:`stalwart.optim.build`).
+paramserver (each slot's gradient, summed in slot order, reduced, clipped and
+given the version's scheduled rate by :func:`stalwart.gradients.prepare_step`,
+then ``torch.optim.<Opt>(foreach=False)`` built by :func:`stalwart.optim.build`).
 A sync-mode job with the same spec must end bitwise equal to it, whatever
 failed on the way (DESIGN.md invariant 4).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from stalwart import optim
+from stalwart import gradients, optim, schedule
 from stalwart.api import coordinator
 from stalwart.models import Task, resolve
+from stalwart.models.base import derive_seed
 
 
 def make_deterministic(threads: int = 1) -> None:
@@ -51,20 +54,45 @@ def compute_step(
 ) -> StepResult:
     """One slot's gradient for one step from the model's current weights, on CPU.
 
-    Every parameter gets a gradient (zeros where the loss does not reach it), so
-    the paramserver and the reference loop step exactly the same tensors.
+    ``spec.micro_batches`` micro-batches (gradient accumulation), each loss
+    divided by their count, under :func:`model_rng`. Every parameter gets a
+    gradient (zeros where the loss does not reach it), so the paramserver and
+    the reference loop step exactly the same tensors.
     """
     device = next(model.parameters()).device
-    x, y = task.batch(spec.seed, slot, step, spec.batch_size)
+    micro = max(spec.micro_batches, 1)
     model.zero_grad(set_to_none=True)
-    loss = task.loss(model, x.to(device), y.to(device))
-    loss.backward()
+    losses, examples = [], 0
+    with model_rng(spec.seed, slot, step, device):
+        for m in range(micro):
+            x, y = task.batch(spec.seed, slot, step * micro + m, spec.batch_size)
+            loss = task.loss(model, x.to(device), y.to(device))
+            # the mean over micro-batches; one micro-batch keeps the plain graph
+            (loss / micro if micro > 1 else loss).backward()
+            losses.append(float(loss.detach()))
+            examples += len(y)
     grads = {}
     for name, p in model.named_parameters():
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         grads[name] = g.detach().to("cpu", copy=True).contiguous()
     model.zero_grad(set_to_none=True)
-    return StepResult(grads, float(loss.detach()), len(y))
+    return StepResult(grads, sum(losses) / micro, examples)
+
+
+@contextlib.contextmanager
+def model_rng(seed: int, slot: int, step: int, device: torch.device):
+    """The global RNG (CPU, and the model's GPU) forked and seeded from (seed, slot, step).
+
+    Dropout and any other draw inside ``loss()`` take numbers from the global
+    generator; seeding it per (seed, slot, step) makes them the same on whichever
+    trainer computes the slot, and the fork leaves the caller's RNG untouched.
+    """
+    devices = []
+    if device.type == "cuda":
+        devices = [torch.cuda.current_device() if device.index is None else device.index]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(derive_seed(seed, "model-rng", slot, step))
+        yield
 
 
 def compute_gradients(
@@ -106,13 +134,15 @@ def reference_run(
     # The optimizer owns separate CPU tensors, as the paramserver does; the model
     # only ever sees copies of them.
     params = initial_params(task, spec.seed)
-    optimizer = optim.build(spec.optimizer, list(params.values()))
+    rule = schedule.resolved(spec.optimizer, spec.steps)
+    optimizer = optim.build(rule, list(params.values()))
     for step in range(spec.steps if steps is None else steps):
         load_params(model, params)
         per_slot = [compute_gradients(task, model, k, step, spec) for k in range(spec.num_slots)]
         summed = sum_in_slot_order(per_slot)
         for name, p in params.items():
             p.grad = summed[name]
+        gradients.prepare_step(optimizer, params.values(), summed, len(per_slot), step, rule)
         optimizer.step()
         for p in params.values():
             p.grad = None

@@ -17,7 +17,7 @@ import torch
 
 from services.paramserver import optim
 from services.paramserver.consistency import Mode, Rules, Verdict, judge_push
-from stalwart import codec
+from stalwart import codec, gradients
 from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -146,7 +146,8 @@ class JobModel:
         return all(self.pending.get((e.step, e.slot), (None,))[0] == e.crc for e in entries)
 
     def apply(self, entries: Sequence[Entry]) -> int:
-        """Sum the entries' gradients in the given order, run the optimizer, bump the version."""
+        """Sum the entries' gradients in the given order, reduce and clip the sum, set the
+        version's scheduled rate (stalwart.gradients), run the optimizer, bump the version."""
         summed: dict[str, torch.Tensor] = {}
         for e in entries:
             for name, grad in self.pending[(e.step, e.slot)][1].items():
@@ -156,6 +157,10 @@ class JobModel:
                     summed[name] = grad
         for name, param in self.params.items():
             param.grad = summed.get(name)  # None: the optimizer leaves it alone
+        gradients.prepare_step(
+            self.optimizer, self.params.values(), summed, len(entries), self.version,
+            self.header.optimizer,
+        )  # fmt: skip
         self.optimizer.step()
         for param in self.params.values():
             param.grad = None

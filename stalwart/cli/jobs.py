@@ -22,6 +22,7 @@ from stalwart.cli.output import (
     fail,
 )
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
+from stalwart.cli.trainflags import TrainingFlags, describe_rule
 from stalwart.client.coordinator import CoordinatorClient
 
 app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_help=True)
@@ -32,7 +33,7 @@ app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_h
 BUILTIN_DEFAULTS: dict[str, dict] = {
     "digits-cnn": dict(slots=3, steps=400, batch_size=64, optimizer="adam", lr=2e-3),
     "mlp": dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3),
-    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=0.5),
+    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=1.0),
 }
 FALLBACK = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
 
@@ -125,7 +126,7 @@ def job_details(job: coordinator.Job) -> dict:
         "batch size": spec.batch_size,
         "seed": spec.seed,
         "optimizer": f"{enum_name(common.OptimizerKind, spec.optimizer.kind, 'OPTIMIZER_KIND_')}"
-        f" lr={spec.optimizer.lr:g}",
+        f" lr={spec.optimizer.lr:g}{describe_rule(spec)}",
         "mode": enum_name(common.ConsistencyMode, spec.consistency.mode, "CONSISTENCY_MODE_"),
         "created": job.create_time.ToDatetime().isoformat(timespec="seconds") + "Z",
     }
@@ -173,6 +174,7 @@ def submit(
     mode: Mode = typer.Option(Mode.sync, help="consistency: sync (bitwise reproducible), async, ssp"),
     staleness: int = typer.Option(0, help="SSP: most versions a push may lag"),
     shards: int = typer.Option(1, help="paramserver shard groups the job uses"),
+    rule: TrainingFlags = FROM_FLAGS,
     arg: list[str] = typer.Option([], "--arg", help="model argument key=value (repeat), e.g. width=8"),
     job_id: str = typer.Option("", help="job id; default: generated"),
     wait: bool = typer.Option(False, "--wait", help="follow the job with a progress bar until it ends"),
@@ -183,6 +185,7 @@ def submit(
     """Submit a training job; with --wait, follow it to the end (exit 1 unless it succeeds)."""
     spec = build_spec(model, slots, steps, batch_size, seed, optimizer, lr, momentum,
                       weight_decay, mode.value, staleness, shards, arg)  # fmt: skip
+    rule.apply(spec)
 
     async def go(client: CoordinatorClient) -> coordinator.Job:
         job = await client.create_job(spec, job_id=job_id)

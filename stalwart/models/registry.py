@@ -47,7 +47,7 @@ def _sgd(lr: float) -> common.OptimizerSpec:
 _DEFAULTS: dict[str, dict] = {
     digits.NAME: dict(num_slots=3, steps=400, batch_size=64, optimizer=_adam(2e-3)),
     mlp.NAME: dict(num_slots=1, steps=100, batch_size=64, optimizer=_adam(1e-3)),
-    embedding.NAME: dict(num_slots=2, steps=100, batch_size=64, optimizer=_sgd(0.5)),
+    embedding.NAME: dict(num_slots=2, steps=100, batch_size=64, optimizer=_sgd(1.0)),
 }
 
 
