@@ -1,0 +1,78 @@
+"""The paramserver's update rule by value: scheduled rate per version (across a state
+transfer), MEAN and SUM, clipping of the combined gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.paramserver.job import JobModel
+from stalwart import schedule
+from stalwart.api import common
+
+from .builders import header, sync_step, through_the_wire
+
+SLOTS = 2
+
+
+def plain_sgd(**kw) -> common.OptimizerSpec:
+    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.5, **kw)
+
+
+def one_param_job(spec: common.OptimizerSpec) -> JobModel:
+    init = {"w": torch.zeros(2, dtype=torch.float64)}
+    return JobModel(header(spec, init, num_slots=SLOTS), init)
+
+
+def slot_grads(value: float) -> list[dict[str, torch.Tensor]]:
+    """Slot k pushes ``value * (k + 1)`` in both elements: mean 1.5 * value, sum 3 * value."""
+    return [{"w": torch.full((2,), value * (k + 1), dtype=torch.float64)} for k in range(SLOTS)]
+
+
+def test_each_version_steps_at_its_scheduled_rate_across_a_state_transfer():
+    spec = plain_sgd(schedule=common.LrSchedule(
+        kind=common.LR_SCHEDULE_KIND_COSINE, warmup_steps=2, decay_steps=4, final_lr_ratio=0.1
+    ))  # fmt: skip
+    job = one_param_job(spec)
+    for version in range(8):
+        if version == 3:
+            job = through_the_wire(job)  # a backup promoted mid-schedule
+        before = job.params["w"].clone()
+        sync_step(job, version, slot_grads(1.0))
+        rate = schedule.rate(spec, version)
+        assert job.optimizer.param_groups[0]["lr"] == rate
+        delta = (before - job.params["w"])[0].item()
+        assert delta == pytest.approx(rate * 1.5, rel=1e-12), version  # mean of 1 and 2
+    assert schedule.rate(spec, 0) == 0.0 and schedule.rate(spec, 2) == 0.5
+    assert schedule.rate(spec, 7) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(
+    "reduction, factor",
+    [(common.GRAD_REDUCTION_UNSPECIFIED, 1.5), (common.GRAD_REDUCTION_MEAN, 1.5),
+     (common.GRAD_REDUCTION_SUM, 3.0)],
+)  # fmt: skip
+def test_reduction(reduction, factor):
+    job = one_param_job(plain_sgd(reduction=reduction))
+    sync_step(job, 0, slot_grads(2.0))
+    assert torch.equal(job.params["w"], torch.full((2,), -0.5 * 2.0 * factor, dtype=torch.float64))
+
+
+def test_clip_by_norm_uses_the_combined_gradient():
+    # each slot's gradient alone is under the bound; their mean is not
+    job = one_param_job(plain_sgd(clip_grad_norm=1.0))
+    sync_step(job, 0, slot_grads(0.5))  # mean [0.75, 0.75]: norm 1.06 -> clipped to 1
+    step = -job.params["w"] / 0.5
+    assert step.norm().item() == pytest.approx(1.0, rel=1e-5)
+    want = torch.full((2,), 0.75, dtype=torch.float64)
+    assert torch.allclose(step, want * (1.0 / (want.norm() + 1e-6)))
+    unclipped = one_param_job(plain_sgd(clip_grad_norm=2.0))
+    sync_step(unclipped, 0, slot_grads(0.5))
+    assert torch.equal(unclipped.params["w"], torch.full((2,), -0.375, dtype=torch.float64))
+
+
+def test_clip_by_value_clamps_the_combined_gradient():
+    job = one_param_job(plain_sgd(clip_grad_value=1.0, reduction=common.GRAD_REDUCTION_SUM))
+    sync_step(job, 0, slot_grads(0.25))  # sum 0.75: under the clamp
+    sync_step(job, 1, slot_grads(1.0))  # sum 3.0: clamped to 1.0
+    assert torch.equal(job.params["w"], torch.full((2,), -0.5 * (0.75 + 1.0), dtype=torch.float64))
