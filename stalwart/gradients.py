@@ -9,7 +9,7 @@ paramserver's ``JobModel.apply`` and ``training.reference_run`` both call
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -26,9 +26,14 @@ def reduce_(summed: Mapping[str, torch.Tensor], count: int, spec: common.Optimiz
             grad.div_(count)
 
 
-def clip_(params: Iterable[torch.Tensor], spec: common.OptimizerSpec) -> float | None:
-    """Clip the ``.grad`` of ``params`` as torch would; the pre-clip global norm, if asked."""
-    params = [p for p in params if p.grad is not None]
+def clip_(params: Mapping[str, torch.Tensor], spec: common.OptimizerSpec) -> float | None:
+    """Clip the ``.grad`` of ``params`` as torch would; the pre-clip global norm, if asked.
+
+    The tensors go to torch sorted by name: the global norm is a norm of the
+    per-tensor norms, whose rounding depends on their order, and the paramserver
+    holds a job's tensors in another order than the model has them.
+    """
+    params = [params[n] for n in sorted(params) if params[n].grad is not None]
     if spec.clip_grad_value:
         torch.nn.utils.clip_grad_value_(params, spec.clip_grad_value, foreach=False)
     if not spec.clip_grad_norm:
@@ -39,7 +44,7 @@ def clip_(params: Iterable[torch.Tensor], spec: common.OptimizerSpec) -> float |
 
 def prepare_step(
     optimizer: torch.optim.Optimizer,
-    params: Iterable[torch.Tensor],
+    params: Mapping[str, torch.Tensor],
     summed: Mapping[str, torch.Tensor],
     count: int,
     version: int,
@@ -47,7 +52,8 @@ def prepare_step(
 ) -> float | None:
     """Everything between "the gradients are summed and set as ``.grad``" and ``step()``.
 
-    ``summed`` holds the very tensors set as ``.grad`` of ``params``; returns the
+    ``params`` maps names to the tensors whose ``.grad`` are the very tensors of
+    ``summed``; returns the
     global norm before clipping when clipping by norm.
     """
     reduce_(summed, count, spec)

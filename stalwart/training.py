@@ -142,7 +142,7 @@ def reference_run(
         summed = sum_in_slot_order(per_slot)
         for name, p in params.items():
             p.grad = summed[name]
-        gradients.prepare_step(optimizer, params.values(), summed, len(per_slot), step, rule)
+        gradients.prepare_step(optimizer, params, summed, len(per_slot), step, rule)
         optimizer.step()
         for p in params.values():
             p.grad = None

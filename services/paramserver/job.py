@@ -158,7 +158,7 @@ class JobModel:
         for name, param in self.params.items():
             param.grad = summed.get(name)  # None: the optimizer leaves it alone
         gradients.prepare_step(
-            self.optimizer, self.params.values(), summed, len(entries), self.version,
+            self.optimizer, self.params, summed, len(entries), self.version,
             self.header.optimizer,
         )  # fmt: skip
         self.optimizer.step()

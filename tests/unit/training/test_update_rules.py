@@ -97,7 +97,7 @@ def test_mean_divides_the_slot_order_sum_and_sum_leaves_it():
 def test_clip_by_global_norm_spans_every_tensor():
     a, b = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
     a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])  # global norm 5
-    norm = gradients.clip_([a, b], common.OptimizerSpec(clip_grad_norm=1.0))
+    norm = gradients.clip_({"a": a, "b": b}, common.OptimizerSpec(clip_grad_norm=1.0))
     assert norm == 5.0
     total = torch.cat([a.grad, b.grad]).norm()
     assert total.item() == pytest.approx(1.0, rel=1e-5)
@@ -107,7 +107,7 @@ def test_clip_by_global_norm_spans_every_tensor():
 def test_clip_by_value_then_norm():
     a = torch.zeros(3, requires_grad=True)
     a.grad = torch.tensor([-9.0, 0.5, 9.0])
-    norm = gradients.clip_([a], common.OptimizerSpec(clip_grad_value=1.0))
+    norm = gradients.clip_({"a": a}, common.OptimizerSpec(clip_grad_value=1.0))
     assert norm is None
     assert torch.equal(a.grad, torch.tensor([-1.0, 0.5, 1.0]))
 
@@ -174,8 +174,9 @@ def hand_rolled(spec, steps):
             total = grads if total is None else [t.add_(g) for t, g in zip(total, grads, strict=True)]
         for p, g in zip(model.parameters(), total, strict=True):
             p.grad = g / spec.num_slots
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.optimizer.clip_grad_norm,
-                                       foreach=False)  # fmt: skip
+        by_name = dict(model.named_parameters())  # the norm is taken in name order
+        torch.nn.utils.clip_grad_norm_([by_name[n] for n in sorted(by_name)],
+                                       spec.optimizer.clip_grad_norm, foreach=False)  # fmt: skip
         opt.step()
         scheduler.step()
     return {n: p.detach() for n, p in model.named_parameters()}
@@ -199,3 +200,19 @@ def test_reference_run_equals_a_ddp_style_loop_bitwise():
         assert torch.equal(ours[key], theirs[key]), key
     initial = training.initial_params(models.resolve(spec), spec.seed)
     assert not any(torch.equal(ours[k], initial[k]) for k in ours)
+
+
+def test_global_norm_does_not_depend_on_the_order_tensors_are_held_in():
+    def grads():
+        g = torch.Generator().manual_seed(5)
+        return {n: torch.randn(50, generator=g) * (i + 1) for i, n in enumerate("abcdefgh")}
+
+    results = []
+    for names in ("abcdefgh", "hgfedcba"):
+        made = grads()
+        params = {}
+        for n in names:
+            params[n] = torch.zeros(50, requires_grad=True)
+            params[n].grad = made[n]
+        results.append(gradients.clip_(params, common.OptimizerSpec(clip_grad_norm=1.0)))
+    assert results[0] == results[1]
