@@ -9,7 +9,7 @@ paramserver's ``JobModel.apply`` and ``training.reference_run`` both call
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -60,3 +60,20 @@ def prepare_step(
     norm = clip_(params, spec)
     schedule.set_rate(optimizer, spec, version)
     return norm
+
+
+def combine_buffers(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One buffer's new value from the values an update's pushes carry, in slot order.
+
+    Floating point (running mean and variance): the mean, summed in slot order
+    then divided. Integers (``num_batches_tracked``): the lowest slot's value,
+    as every slot counts the same batches.
+    """
+    total = values[0].clone()
+    if not total.is_floating_point():
+        return total
+    for value in values[1:]:
+        total += value
+    if len(values) > 1:
+        total.div_(len(values))
+    return total

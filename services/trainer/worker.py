@@ -189,8 +189,9 @@ class Worker:
         # resolved as on admission, for specs that never passed a coordinator (file mode)
         rule = schedule.resolved(s.optimizer, s.steps)
         await job.client.register_model(
-            job.job_id, initial, rule, s.consistency, max(s.num_slots, 1)
-        )
+            job.job_id, initial, rule, s.consistency, max(s.num_slots, 1),
+            buffers=training.buffer_names(job.task, s.seed),
+        )  # fmt: skip
         job.registered = True
 
     async def _drop_job(self) -> None:

@@ -76,3 +76,54 @@ def test_clip_by_value_clamps_the_combined_gradient():
     sync_step(job, 0, slot_grads(0.25))  # sum 0.75: under the clamp
     sync_step(job, 1, slot_grads(1.0))  # sum 3.0: clamped to 1.0
     assert torch.equal(job.params["w"], torch.full((2,), -0.5 * (0.75 + 1.0), dtype=torch.float64))
+
+
+def buffer_job() -> JobModel:
+    init = {
+        "w": torch.zeros(2),
+        "bn.running_mean": torch.zeros(2),
+        "bn.num_batches_tracked": torch.tensor(0),
+    }
+    head = header(plain_sgd(), init, num_slots=SLOTS)
+    head.buffer_names.extend(["bn.running_mean", "bn.num_batches_tracked"])
+    return JobModel(head, init)
+
+
+def pushes(step: int) -> list[dict[str, torch.Tensor]]:
+    return [
+        {"w": torch.ones(2), "bn.running_mean": torch.tensor([1.0, 2.0]) * (k + step + 1),
+         "bn.num_batches_tracked": torch.tensor(step + 1)}
+        for k in range(SLOTS)
+    ]  # fmt: skip
+
+
+def test_buffers_take_the_slot_mean_and_are_never_stepped():
+    job = buffer_job()
+    assert len(job.optimizer.param_groups[0]["params"]) == 1  # only "w"
+    sync_step(job, 0, pushes(0))
+    assert torch.equal(job.params["w"], torch.full((2,), -0.5))  # mean gradient 1, lr 0.5
+    assert torch.equal(job.params["bn.running_mean"], torch.tensor([1.5, 3.0]))  # (1+2)/2
+    assert job.params["bn.num_batches_tracked"].item() == 1
+    job = through_the_wire(job)  # a backup promoted: still buffers
+    assert job.buffers == {"bn.running_mean", "bn.num_batches_tracked"}
+    sync_step(job, 1, pushes(1))
+    assert torch.equal(job.params["bn.running_mean"], torch.tensor([2.5, 5.0]))
+    assert job.changed_since(1) == ["w", "bn.running_mean", "bn.num_batches_tracked"]
+
+
+def test_buffers_are_checkpointed_as_buffers():
+    from stalwart import checkpoint as ckpt
+
+    job = buffer_job()
+    items = ckpt.state_items(job.state_tensors(), job.params, 0, buffers=job.buffers)
+    kinds = {i.name: i.kind for i in items}
+    assert kinds["w"] == "param" and kinds["bn.running_mean"] == "buffer"
+    assert kinds["bn.num_batches_tracked"] == "buffer"
+
+
+def test_unknown_buffer_names_are_refused():
+    init = {"w": torch.zeros(2)}
+    head = header(plain_sgd(), init, num_slots=SLOTS)
+    head.buffer_names.append("nope")
+    with pytest.raises(Exception, match="buffer_names"):
+        JobModel(head, init)

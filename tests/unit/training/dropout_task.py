@@ -1,4 +1,5 @@
-"""A user task whose model draws random numbers in training: LayerNorm and dropout.
+"""A user task whose model draws random numbers and keeps buffers in training: batch norm
+(running statistics), LayerNorm and dropout.
 
 Imported as ``tests.unit.training.dropout_task:make`` by the unit tests and by
 trainer processes in the integration tests (from their own path).
@@ -15,6 +16,7 @@ class DropoutTask(MlpTask):
     def _network(self) -> nn.Module:
         return nn.Sequential(
             nn.Linear(self.inputs, self.hidden),
+            nn.BatchNorm1d(self.hidden),
             nn.LayerNorm(self.hidden),
             nn.ReLU(),
             nn.Dropout(DROPOUT),

@@ -162,9 +162,13 @@ def hand_rolled(spec, steps):
     lr_lambda = lambda v: schedule.factor(s, v)  # noqa: E731
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
     micro = spec.micro_batches
+    bn = model[1]
     for step in range(steps):
-        total = None
+        total, stats = None, []
+        start = (bn.running_mean.clone(), bn.running_var.clone(), bn.num_batches_tracked.clone())
         for slot in range(spec.num_slots):
+            bn.running_mean.copy_(start[0]), bn.running_var.copy_(start[1])
+            bn.num_batches_tracked.copy_(start[2])
             model.zero_grad(set_to_none=True)
             with training.model_rng(spec.seed, slot, step, torch.device("cpu")):
                 for m in range(micro):
@@ -172,6 +176,11 @@ def hand_rolled(spec, steps):
                     (task.loss(model, x, y) / micro).backward()
             grads = [p.grad.clone() for p in model.parameters()]
             total = grads if total is None else [t.add_(g) for t, g in zip(total, grads, strict=True)]
+            stats.append((bn.running_mean.clone(), bn.running_var.clone()))
+        # running statistics: the mean over slots, summed in slot order; counters: slot 0's
+        bn.running_mean.copy_(sum((m for m, _ in stats[1:]), stats[0][0].clone()) / len(stats))
+        bn.running_var.copy_(sum((v for _, v in stats[1:]), stats[0][1].clone()) / len(stats))
+        bn.num_batches_tracked.copy_(start[2] + micro)
         for p, g in zip(model.parameters(), total, strict=True):
             p.grad = g / spec.num_slots
         by_name = dict(model.named_parameters())  # the norm is taken in name order
@@ -179,7 +188,7 @@ def hand_rolled(spec, steps):
                                        spec.optimizer.clip_grad_norm, foreach=False)  # fmt: skip
         opt.step()
         scheduler.step()
-    return {n: p.detach() for n, p in model.named_parameters()}
+    return {n: p.detach() for n, p in model.state_dict().items()}
 
 
 def everything_spec(**kw) -> "models.coordinator.JobSpec":
@@ -196,10 +205,33 @@ def test_reference_run_equals_a_ddp_style_loop_bitwise():
     spec = everything_spec()
     ours = training.reference_run(spec)
     theirs = hand_rolled(spec, spec.steps)
+    assert sorted(ours) == sorted(theirs)
+    assert "1.running_mean" in ours and "1.num_batches_tracked" in ours
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key
     initial = training.initial_params(models.resolve(spec), spec.seed)
     assert not any(torch.equal(ours[k], initial[k]) for k in ours)
+    assert ours["1.num_batches_tracked"].item() == spec.steps * spec.micro_batches
+
+
+def test_buffers_are_pushed_and_the_model_keeps_its_own():
+    spec = everything_spec()
+    task = models.resolve(spec)
+    model = task.build_model(spec.seed)
+    before = model[1].running_mean.clone()
+    result = training.compute_step(task, model, 0, 0, spec)
+    assert result.buffers == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    assert not torch.equal(result.grads["1.running_mean"], before)  # the stats moved
+    assert torch.equal(model[1].running_mean, before)  # and the model got its own back
+    assert result.grads["1.num_batches_tracked"].item() == spec.micro_batches
+    again = training.compute_step(task, model, 0, 0, spec)
+    assert all(torch.equal(result.grads[k], again.grads[k]) for k in result.grads)
+
+
+def test_combine_buffers_means_floats_and_keeps_the_first_integer():
+    got = gradients.combine_buffers([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])])
+    assert torch.equal(got, torch.tensor([2.0, 4.0]))
+    assert gradients.combine_buffers([torch.tensor(5), torch.tensor(9)]).item() == 5
 
 
 def test_global_norm_does_not_depend_on_the_order_tensors_are_held_in():
