@@ -18,6 +18,7 @@ from stalwart.errors import ErrorKind, StalwartError
 BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding"})
 BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
 MAX_MICRO_BATCHES = 64
+MAX_PATH = 4096
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _USER_MODEL = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}")
@@ -139,6 +140,10 @@ def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int)
     if spec.optimizer.clip_grad_norm and spec.num_shards > 1:
         raise _bad("optimizer: clip_grad_norm needs num_shards 1 (the norm spans every tensor)")
     _check_consistency(spec.consistency)
+    if len(spec.init_from) > MAX_PATH or (
+        spec.init_from and not spec.init_from.endswith(".safetensors")
+    ):
+        raise _bad(f"init_from must be a .safetensors path of at most {MAX_PATH} characters")
     if not 0 <= spec.duplicate_compute_rate <= 1:
         raise _bad(f"duplicate_compute_rate must be in [0, 1], got {spec.duplicate_compute_rate}")
 

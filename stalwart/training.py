@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stalwart import gradients, optim, schedule
+from stalwart import gradients, optim, schedule, weights
 from stalwart.api import coordinator
 from stalwart.models import Task, resolve
 from stalwart.models.base import derive_seed
@@ -138,6 +138,12 @@ def initial_params(task: Task, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def initial_state(task: Task, spec: coordinator.JobSpec) -> dict[str, torch.Tensor]:
+    """What a job starts from: :func:`initial_params`, or the file ``spec.init_from`` names."""
+    initial = initial_params(task, spec.seed)
+    return weights.overlay(initial, spec.init_from) if spec.init_from else initial
+
+
 def buffer_names(task: Task, seed: int) -> list[str]:
     """Names of the model's buffers among :func:`initial_params` (ModelHeader.buffer_names)."""
     return list(model_buffers(task.build_model(seed)))
@@ -160,7 +166,7 @@ def reference_run(
     model = task.build_model(spec.seed).to(device)
     # The optimizer owns separate CPU tensors, as the paramserver does; the model
     # only ever sees copies of them.
-    state = initial_params(task, spec.seed)
+    state = initial_state(task, spec)
     buffers = set(model_buffers(model))
     params = {n: t for n, t in state.items() if n not in buffers}
     rule = schedule.resolved(spec.optimizer, spec.steps)

@@ -184,7 +184,7 @@ class Worker:
 
     async def _register(self, job: JobState) -> None:
         """Idempotent RegisterModel with the seeded initial weights: the first one wins."""
-        initial = training.initial_params(job.task, job.spec.seed)
+        initial = training.initial_state(job.task, job.spec)
         s = job.spec
         # resolved as on admission, for specs that never passed a coordinator (file mode)
         rule = schedule.resolved(s.optimizer, s.steps)

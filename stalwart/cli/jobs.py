@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stalwart.api import common, coordinator
+from stalwart.cli import export as export_cmd
 from stalwart.cli.admin import JOB_COLUMNS, enum_name, job_row
 from stalwart.cli.output import (
     OUTPUT_OPTION,
@@ -25,7 +26,8 @@ from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.cli.trainflags import TrainingFlags, describe_rule
 from stalwart.client.coordinator import CoordinatorClient
 
-app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_help=True)
+app = typer.Typer(help="Submit, inspect, cancel and export training jobs.", no_args_is_help=True)
+app.command("export")(export_cmd.export)
 
 # Defaults of the built-in models, as stalwart.models.registry.default_spec has
 # them (a unit test keeps the two equal). Kept here so that submitting a job does

@@ -1,7 +1,7 @@
 """``stalwart job submit`` flags for how gradients become updates, as one option group.
 
 Adam's betas and eps, the reduction, clipping, the learning-rate schedule,
-gradient accumulation and the checkpoint interval. Only the shape of the input
+gradient accumulation, the checkpoint interval and the weights to start from. Only the shape of the input
 is checked here; the coordinator validates the spec and answers
 INVALID_ARGUMENT with the field's name.
 """
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from pathlib import Path
 
 import typer
 
 from stalwart.api import common, coordinator
+from stalwart.cli.output import ExitCode, fail
 
 
 class Schedule(enum.StrEnum):
@@ -61,6 +63,9 @@ class TrainingFlags:
         1, help="gradient accumulation: micro-batches of --batch-size per slot and step"
     )
     checkpoint_interval: int = typer.Option(0, help="checkpoint every N steps; 0: off")
+    init_from: Path | None = typer.Option(
+        None, help="start from these weights (.safetensors, e.g. from `job export`)"
+    )
 
     def apply(self, spec: coordinator.JobSpec) -> coordinator.JobSpec:
         """``spec`` with these flags written into it (in place; returned for chaining)."""
@@ -81,6 +86,13 @@ class TrainingFlags:
             )
         spec.micro_batches = self.micro_batches
         spec.checkpoint_interval = self.checkpoint_interval
+        if self.init_from is not None:
+            # the trainers read the path themselves: make it absolute, and catch a
+            # typo here rather than as a job whose trainers cannot start it
+            path = self.init_from.expanduser().resolve()
+            if not path.is_file():
+                fail(f"--init-from {self.init_from}: no such file", ExitCode.INVALID_INPUT)
+            spec.init_from = str(path)
         return spec
 
 
