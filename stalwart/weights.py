@@ -40,7 +40,8 @@ def load(path: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         return torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError) as exc:  # missing, unreadable or not tensors
-        raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"cannot read weights {path}: {exc}")
+        message = f"cannot read weights {path}: {exc}"
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, message) from exc
 
 
 def overlay(initial: Mapping[str, torch.Tensor], path: str | Path) -> dict[str, torch.Tensor]:

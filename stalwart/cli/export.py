@@ -18,7 +18,6 @@ from stalwart.cli.output import ExitCode, Output, cli_errors, emit_record, fail
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
 
-
 # -o names the file here (``job export JOB -o model.safetensors``); the report's
 # format keeps its long name only.
 _OUTPUT = typer.Option(Output.table, "--output", help="table for people, json for scripts")

@@ -56,7 +56,9 @@ class TrainingFlags:
     schedule: Schedule = typer.Option(Schedule.constant, help="learning-rate shape after warmup")
     warmup_steps: int = typer.Option(0, help="steps of linear warmup from 0 to --lr")
     decay_steps: int = typer.Option(0, help="cosine/linear: steps of decay; 0: steps - warmup")
-    final_lr_ratio: float = typer.Option(0.0, help="cosine/linear: final rate as a fraction of --lr")
+    final_lr_ratio: float = typer.Option(
+        0.0, help="cosine/linear: final rate as a fraction of --lr"
+    )
     step_size: int = typer.Option(0, help="step schedule: steps between decays")
     gamma: float = typer.Option(0.0, help="step schedule: factor per decay; 0: 0.1")
     micro_batches: int = typer.Option(
@@ -103,7 +105,9 @@ def describe_rule(spec: coordinator.JobSpec) -> str:
         parts.append("sum")
     if opt.HasField("schedule"):
         kind = {v: k for k, v in _SCHEDULES.items()}.get(opt.schedule.kind, "constant")
-        parts.append(kind + (f" warmup={opt.schedule.warmup_steps}" * bool(opt.schedule.warmup_steps)))
+        parts.append(
+            kind + (f" warmup={opt.schedule.warmup_steps}" * bool(opt.schedule.warmup_steps))
+        )
     if opt.clip_grad_norm:
         parts.append(f"clip-norm={opt.clip_grad_norm:g}")
     if opt.clip_grad_value:

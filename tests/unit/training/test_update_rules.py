@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stalwart import gradients, models, schedule, training
-from stalwart.api import common
+from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.jobspec import normalized, validate_job_spec
 
@@ -175,7 +175,9 @@ def hand_rolled(spec, steps):
                     x, y = task.batch(spec.seed, slot, step * micro + m, spec.batch_size)
                     (task.loss(model, x, y) / micro).backward()
             grads = [p.grad.clone() for p in model.parameters()]
-            total = grads if total is None else [t.add_(g) for t, g in zip(total, grads, strict=True)]
+            total = (
+                grads if total is None else [t.add_(g) for t, g in zip(total, grads, strict=True)]
+            )
             stats.append((bn.running_mean.clone(), bn.running_var.clone()))
         # running statistics: the mean over slots, summed in slot order; counters: slot 0's
         bn.running_mean.copy_(sum((m for m, _ in stats[1:]), stats[0][0].clone()) / len(stats))
@@ -191,7 +193,7 @@ def hand_rolled(spec, steps):
     return {n: p.detach() for n, p in model.state_dict().items()}
 
 
-def everything_spec(**kw) -> "models.coordinator.JobSpec":
+def everything_spec(**kw) -> coordinator.JobSpec:
     opt = common.OptimizerSpec(
         kind=common.OPTIMIZER_KIND_ADAMW, lr=3e-2, weight_decay=0.01, clip_grad_norm=0.5,
         schedule=common.LrSchedule(kind=COS, warmup_steps=2),
