@@ -15,7 +15,7 @@ from stalwart import schedule
 from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
 
-BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding"})
+BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding", "char-lm"})
 BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
 MAX_MICRO_BATCHES = 64
 MAX_PATH = 4096

@@ -38,6 +38,15 @@ BUILTIN_DEFAULTS: dict[str, dict] = {
     "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=1.0),
 }
 FALLBACK = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
+# Defaults past those five, as JobSpec fields (protobuf only: still no torch).
+BUILTIN_DEFAULTS["char-lm"] = dict(
+    slots=2, steps=300, batch_size=16, optimizer="adamw", lr=3e-3,
+    spec=coordinator.JobSpec(micro_batches=2, optimizer=common.OptimizerSpec(
+        weight_decay=0.01, beta2=0.95, clip_grad_norm=1.0,
+        schedule=common.LrSchedule(kind=common.LR_SCHEDULE_KIND_COSINE, warmup_steps=30,
+                                   final_lr_ratio=0.1),
+    )),
+)  # fmt: skip
 
 FINISHED = {
     coordinator.JOB_STATE_SUCCEEDED,
@@ -79,7 +88,7 @@ def build_spec(
     optimizer: str | None,
     lr: float | None,
     momentum: float,
-    weight_decay: float,
+    weight_decay: float | None,
     mode: str,
     staleness: int,
     shards: int,
@@ -97,7 +106,9 @@ def build_spec(
         if not sep or not key:
             fail(f"--arg {item!r}: expected key=value", ExitCode.INVALID_INPUT)
         model_args[key] = value
-    return coordinator.JobSpec(
+    spec = coordinator.JobSpec()
+    spec.CopyFrom(defaults.get("spec", coordinator.JobSpec()))
+    spec.MergeFrom(coordinator.JobSpec(
         model=model,
         model_args=model_args,
         num_slots=defaults["slots"] if slots is None else slots,
@@ -109,10 +120,12 @@ def build_spec(
             kind=_OPTIMIZERS[optimizer or defaults["optimizer"]],
             lr=defaults["lr"] if lr is None else lr,
             momentum=momentum,
-            weight_decay=weight_decay,
         ),
         consistency=common.ConsistencySpec(mode=_MODES[mode], staleness=staleness),
-    )
+    ))  # fmt: skip
+    if weight_decay is not None:
+        spec.optimizer.weight_decay = weight_decay
+    return spec
 
 
 def job_details(job: coordinator.Job) -> dict:
@@ -164,7 +177,7 @@ async def wait_for(
 @cli_errors
 @option_groups
 def submit(
-    model: str = typer.Option("digits-cnn", help="built-in (digits-cnn, mlp, embedding) or package.module:function"),
+    model: str = typer.Option("digits-cnn", help="built-in (digits-cnn, mlp, embedding, char-lm) or package.module:function"),
     slots: int | None = typer.Option(None, help="data-parallel slots (trainers); default per model"),
     steps: int | None = typer.Option(None, help="steps to train; default per model"),
     batch_size: int | None = typer.Option(None, help="examples per slot per step; default per model"),
@@ -172,7 +185,7 @@ def submit(
     optimizer: OptimizerName | None = typer.Option(None, help="default per model"),
     lr: float | None = typer.Option(None, help="learning rate; default per model"),
     momentum: float = typer.Option(0.0, help="SGD momentum"),
-    weight_decay: float = typer.Option(0.0, help="weight decay"),
+    weight_decay: float | None = typer.Option(None, help="weight decay; default per model (0 but char-lm)"),
     mode: Mode = typer.Option(Mode.sync, help="consistency: sync (bitwise reproducible), async, ssp"),
     staleness: int = typer.Option(0, help="SSP: most versions a push may lag"),
     shards: int = typer.Option(1, help="paramserver shard groups the job uses"),

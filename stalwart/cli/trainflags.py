@@ -41,53 +41,56 @@ _REDUCTIONS = {"mean": common.GRAD_REDUCTION_MEAN, "sum": common.GRAD_REDUCTION_
 
 @dataclasses.dataclass(frozen=True)
 class TrainingFlags:
-    """The update rule and accumulation flags of a job."""
+    """The update rule and accumulation flags of a job; None: the model's default."""
 
-    beta1: float = typer.Option(0.0, help="Adam/AdamW beta1; 0: 0.9")
-    beta2: float = typer.Option(0.0, help="Adam/AdamW beta2; 0: 0.999")
-    eps: float = typer.Option(0.0, help="Adam/AdamW eps; 0: 1e-8")
-    reduction: Reduction = typer.Option(
-        Reduction.mean, help="combine slot gradients by mean (DDP's) or sum"
+    beta1: float | None = typer.Option(None, help="Adam/AdamW beta1 (default 0.9)")
+    beta2: float | None = typer.Option(None, help="Adam/AdamW beta2 (default 0.999)")
+    eps: float | None = typer.Option(None, help="Adam/AdamW eps (default 1e-8)")
+    reduction: Reduction | None = typer.Option(
+        None, help="combine slot gradients by mean (DDP's, the default) or sum"
     )
-    clip_grad_norm: float = typer.Option(
-        0.0, help="clip the combined gradient to this global L2 norm; 0: off"
+    clip_grad_norm: float | None = typer.Option(
+        None, help="clip the combined gradient to this global L2 norm; 0: off"
     )
-    clip_grad_value: float = typer.Option(0.0, help="clamp gradient elements to +-v; 0: off")
-    schedule: Schedule = typer.Option(Schedule.constant, help="learning-rate shape after warmup")
-    warmup_steps: int = typer.Option(0, help="steps of linear warmup from 0 to --lr")
-    decay_steps: int = typer.Option(0, help="cosine/linear: steps of decay; 0: steps - warmup")
-    final_lr_ratio: float = typer.Option(
-        0.0, help="cosine/linear: final rate as a fraction of --lr"
+    clip_grad_value: float | None = typer.Option(
+        None, help="clamp gradient elements to +-v; 0: off"
     )
-    step_size: int = typer.Option(0, help="step schedule: steps between decays")
-    gamma: float = typer.Option(0.0, help="step schedule: factor per decay; 0: 0.1")
-    micro_batches: int = typer.Option(
-        1, help="gradient accumulation: micro-batches of --batch-size per slot and step"
+    schedule: Schedule | None = typer.Option(
+        None, help="learning-rate shape after warmup (default constant)"
     )
-    checkpoint_interval: int = typer.Option(0, help="checkpoint every N steps; 0: off")
+    warmup_steps: int | None = typer.Option(None, help="steps of linear warmup from 0 to --lr")
+    decay_steps: int | None = typer.Option(
+        None, help="cosine/linear: steps of decay; 0: steps - warmup"
+    )
+    final_lr_ratio: float | None = typer.Option(
+        None, help="cosine/linear: final rate as a fraction of --lr"
+    )
+    step_size: int | None = typer.Option(None, help="step schedule: steps between decays")
+    gamma: float | None = typer.Option(None, help="step schedule: factor per decay; 0: 0.1")
+    micro_batches: int | None = typer.Option(
+        None, help="gradient accumulation: micro-batches of --batch-size per slot and step"
+    )
+    checkpoint_interval: int | None = typer.Option(None, help="checkpoint every N steps; 0: off")
     init_from: Path | None = typer.Option(
         None, help="start from these weights (.safetensors, e.g. from `job export`)"
     )
 
     def apply(self, spec: coordinator.JobSpec) -> coordinator.JobSpec:
-        """``spec`` with these flags written into it (in place; returned for chaining)."""
+        """``spec`` with the flags that were given written into it (in place; returned)."""
         opt = spec.optimizer
-        opt.beta1, opt.beta2, opt.eps = self.beta1, self.beta2, self.eps
-        opt.reduction = _REDUCTIONS[self.reduction.value]
-        opt.clip_grad_norm, opt.clip_grad_value = self.clip_grad_norm, self.clip_grad_value
-        if self.schedule is not Schedule.constant or self.warmup_steps:
-            opt.schedule.CopyFrom(
-                common.LrSchedule(
-                    kind=_SCHEDULES[self.schedule.value],
-                    warmup_steps=self.warmup_steps,
-                    decay_steps=self.decay_steps,
-                    final_lr_ratio=self.final_lr_ratio,
-                    step_size=self.step_size,
-                    gamma=self.gamma,
-                )
-            )
-        spec.micro_batches = self.micro_batches
-        spec.checkpoint_interval = self.checkpoint_interval
+        _set(opt, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+             clip_grad_norm=self.clip_grad_norm, clip_grad_value=self.clip_grad_value)  # fmt: skip
+        if self.reduction is not None:
+            opt.reduction = _REDUCTIONS[self.reduction.value]
+        shape = {
+            "kind": None if self.schedule is None else _SCHEDULES[self.schedule.value],
+            "warmup_steps": self.warmup_steps, "decay_steps": self.decay_steps,
+            "final_lr_ratio": self.final_lr_ratio, "step_size": self.step_size,
+            "gamma": self.gamma,
+        }  # fmt: skip
+        if any(v is not None for v in shape.values()):
+            _set(opt.schedule, **shape)  # on top of the model's default schedule, if any
+        _set(spec, micro_batches=self.micro_batches, checkpoint_interval=self.checkpoint_interval)
         if self.init_from is not None:
             # the trainers read the path themselves: make it absolute, and catch a
             # typo here rather than as a job whose trainers cannot start it
@@ -96,6 +99,12 @@ class TrainingFlags:
                 fail(f"--init-from {self.init_from}: no such file", ExitCode.INVALID_INPUT)
             spec.init_from = str(path)
         return spec
+
+
+def _set(message, **values) -> None:
+    for name, value in values.items():
+        if value is not None:
+            setattr(message, name, value)
 
 
 def describe_rule(spec: coordinator.JobSpec) -> str:
