@@ -252,7 +252,8 @@ class ParamServerClient:
     ) -> None:
         """``buffers``: names among ``params`` that are module buffers (not stepped)."""
         per_shard = shardmap.split(params, self.plan(params), self.num_shards)
-        buffer_of = {p.piece_name for p in self.pieces if p.tensor_name in set(buffers)}
+        buffers = set(buffers)
+        buffer_of = {p.piece_name for p in self.pieces if p.tensor_name in buffers}
 
         async def one(group: ShardGroupClient, pieces: dict[str, torch.Tensor]):
             header = paramserver.ModelHeader(
