@@ -127,3 +127,25 @@ def test_unknown_buffer_names_are_refused():
     head.buffer_names.append("nope")
     with pytest.raises(Exception, match="buffer_names"):
         JobModel(head, init)
+
+
+def test_a_restore_from_a_checkpoint_keeps_buffers_buffers():
+    from services.paramserver.checkpointing import model_from_checkpoint
+    from stalwart import codec
+
+    job = buffer_job()
+    sync_step(job, 0, pushes(0))
+    tensors = job.state_tensors()
+    kinds = {"w": "param", "bn.running_mean": "buffer", "bn.num_batches_tracked": "buffer"}
+    manifest = common.CheckpointManifest(
+        job_id=job.job_id, optimizer=job.header.optimizer, consistency=job.header.consistency,
+        num_slots=SLOTS, shards=[common.ShardState(shard=0, version=1, slot_clocks=[1, 1])],
+        tensors=[common.CheckpointTensor(spec=codec.spec_of(n, t), shard=0,
+                                         kind=kinds.get(n, n.rpartition("/")[2]))
+                 for n, t in tensors.items()],
+    )  # fmt: skip
+    restored = model_from_checkpoint(manifest, 0, tensors, epoch=3)
+    assert restored.buffers == job.buffers
+    assert len(restored.optimizer.param_groups[0]["params"]) == 1
+    sync_step(restored, 1, pushes(1))
+    assert torch.equal(restored.params["bn.running_mean"], torch.tensor([2.5, 5.0]))
