@@ -44,6 +44,7 @@ DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 MIN_CHUNK_BYTES = 4 * 1024
 MAX_CHUNK_BYTES = 256 * 1024 * 1024  # stores refuse values over 512 MiB
 KIND_PARAM = "param"
+KIND_BUFFER = "buffer"  # a module buffer (ModelHeader.buffer_names), kept beside the params
 # Chunks in flight per transfer: enough to overlap hashing with store I/O on
 # two cores, few enough that memory stays at a handful of chunks.
 DEFAULT_WORKERS = 2
@@ -788,11 +789,18 @@ class StorePool:
 
 
 def state_items(
-    tensors: Mapping[str, torch.Tensor], params: Collection[str], shard: int = 0
+    tensors: Mapping[str, torch.Tensor],
+    params: Collection[str],
+    shard: int = 0,
+    buffers: Collection[str] = (),
 ) -> list[TensorItem]:
     """Items for a model's state named as ``JobModel.state_tensors()`` names it:
-    parameters as "param", optimizer state ``<param>/<key>`` as kind ``<key>``."""
-    return [
-        TensorItem(name, t, KIND_PARAM if name in params else name.rpartition("/")[2], shard)
-        for name, t in tensors.items()
-    ]
+    parameters as "param", module buffers as "buffer", optimizer state
+    ``<param>/<key>`` as kind ``<key>``."""
+
+    def kind(name: str) -> str:
+        if name in buffers:
+            return KIND_BUFFER
+        return KIND_PARAM if name in params else name.rpartition("/")[2]
+
+    return [TensorItem(name, t, kind(name), shard) for name, t in tensors.items()]

@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 import re
 
-from stalwart import limits
+from stalwart import limits, schedule
 from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
 
-BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding"})
+BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding", "char-lm"})
 BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
+MAX_MICRO_BATCHES = 64
+MAX_PATH = 4096
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _USER_MODEL = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}")
@@ -44,6 +46,50 @@ def validate_optimizer(spec: common.OptimizerSpec) -> None:
         _check_sgd(spec)
     else:
         _check_adam(spec)
+    _check_update_rule(spec)
+
+
+def _check_update_rule(spec: common.OptimizerSpec) -> None:
+    """Reduction, clipping and schedule: what happens to the gradient before the step."""
+    if spec.reduction not in _REDUCTIONS:
+        raise _bad("optimizer: reduction must be MEAN or SUM")
+    for name in ("clip_grad_norm", "clip_grad_value"):
+        value = getattr(spec, name)
+        if not value >= 0 or math.isinf(value):
+            raise _bad(f"optimizer: {name} must be finite and >= 0 (0 disables), got {value}")
+    if spec.HasField("schedule"):
+        _check_schedule(spec.schedule)
+
+
+_REDUCTIONS = (
+    common.GRAD_REDUCTION_UNSPECIFIED,
+    common.GRAD_REDUCTION_MEAN,
+    common.GRAD_REDUCTION_SUM,
+)
+_SCHEDULES = (
+    common.LR_SCHEDULE_KIND_UNSPECIFIED,
+    common.LR_SCHEDULE_KIND_CONSTANT,
+    common.LR_SCHEDULE_KIND_COSINE,
+    common.LR_SCHEDULE_KIND_LINEAR,
+    common.LR_SCHEDULE_KIND_STEP,
+)
+
+
+def _check_schedule(s: common.LrSchedule) -> None:
+    if s.kind not in _SCHEDULES:
+        raise _bad("optimizer.schedule: kind must be CONSTANT, COSINE, LINEAR or STEP")
+    if s.warmup_steps < 0:
+        raise _bad(f"optimizer.schedule: warmup_steps must be >= 0, got {s.warmup_steps}")
+    decaying = s.kind in (common.LR_SCHEDULE_KIND_COSINE, common.LR_SCHEDULE_KIND_LINEAR)
+    if decaying and s.decay_steps < 1:
+        raise _bad(f"optimizer.schedule: decay_steps must be >= 1, got {s.decay_steps}")
+    if not 0 <= s.final_lr_ratio <= 1:
+        raise _bad(f"optimizer.schedule: final_lr_ratio must be in [0, 1], got {s.final_lr_ratio}")
+    if s.kind == common.LR_SCHEDULE_KIND_STEP:
+        if s.step_size < 1:
+            raise _bad(f"optimizer.schedule: step_size must be >= 1, got {s.step_size}")
+        if not 0 <= s.gamma <= 1:
+            raise _bad(f"optimizer.schedule: gamma must be in (0, 1] (0: 0.1), got {s.gamma}")
 
 
 def _check_sgd(spec: common.OptimizerSpec) -> None:
@@ -94,7 +140,13 @@ def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int)
         raise _bad(f"unknown dataset {spec.dataset[:100]!r} for built-in model {spec.model!r}")
     _check_counts(spec, max_slots, max_steps)
     validate_optimizer(spec.optimizer)
+    if spec.optimizer.clip_grad_norm and spec.num_shards > 1:
+        raise _bad("optimizer: clip_grad_norm needs num_shards 1 (the norm spans every tensor)")
     _check_consistency(spec.consistency)
+    if len(spec.init_from) > MAX_PATH or (
+        spec.init_from and not spec.init_from.endswith(".safetensors")
+    ):
+        raise _bad(f"init_from must be a .safetensors path of at most {MAX_PATH} characters")
     if not 0 <= spec.duplicate_compute_rate <= 1:
         raise _bad(f"duplicate_compute_rate must be in [0, 1], got {spec.duplicate_compute_rate}")
 
@@ -106,6 +158,8 @@ def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> 
         raise _bad(f"steps must be >= 1, got {spec.steps}")
     if spec.batch_size < 1:
         raise _bad(f"batch_size must be >= 1, got {spec.batch_size}")
+    if not 0 <= spec.micro_batches <= MAX_MICRO_BATCHES:
+        raise _bad(f"micro_batches must be in [0, {MAX_MICRO_BATCHES}], got {spec.micro_batches}")
     if spec.num_shards < 0 or spec.checkpoint_interval < 0:
         raise _bad("num_shards and checkpoint_interval must be >= 0")
     if spec.num_slots > max_slots:
@@ -133,4 +187,5 @@ def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
     out.CopyFrom(spec)
     if out.consistency.mode == common.CONSISTENCY_MODE_UNSPECIFIED:
         out.consistency.mode = common.CONSISTENCY_MODE_SYNC
+    out.optimizer.CopyFrom(schedule.resolved(out.optimizer, out.steps))
     return out

@@ -2,23 +2,26 @@
 
 :func:`compute_gradients` is what trainers run; :func:`reference_run` is a
 single-process torch loop doing the same arithmetic in the same order as the
-paramserver (each slot's gradient, summed in slot order, then
-``torch.optim.<Opt>(foreach=False)`` built by :func:`stalwart.optim.build`).
+paramserver (each slot's gradient, summed in slot order, reduced, clipped and
+given the version's scheduled rate by :func:`stalwart.gradients.prepare_step`,
+then ``torch.optim.<Opt>(foreach=False)`` built by :func:`stalwart.optim.build`).
 A sync-mode job with the same spec must end bitwise equal to it, whatever
 failed on the way (DESIGN.md invariant 4).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from stalwart import optim
+from stalwart import gradients, optim, schedule, weights
 from stalwart.api import coordinator
 from stalwart.models import Task, resolve
+from stalwart.models.base import derive_seed
 
 
 def make_deterministic(threads: int = 1) -> None:
@@ -37,12 +40,18 @@ def make_deterministic(threads: int = 1) -> None:
 
 @dataclass(frozen=True)
 class StepResult:
+    """What a slot pushes: ``grads`` holds every parameter's gradient and, under
+    their own names, the values the model's buffers reached (``buffers``)."""
+
     grads: dict[str, torch.Tensor]
     loss: float
     examples: int
+    buffers: frozenset[str] = frozenset()
 
     def grad_norm(self) -> float:
-        total = sum(float(g.double().pow(2).sum()) for g in self.grads.values())
+        total = sum(
+            float(g.double().pow(2).sum()) for n, g in self.grads.items() if n not in self.buffers
+        )
         return total**0.5
 
 
@@ -51,20 +60,58 @@ def compute_step(
 ) -> StepResult:
     """One slot's gradient for one step from the model's current weights, on CPU.
 
-    Every parameter gets a gradient (zeros where the loss does not reach it), so
-    the paramserver and the reference loop step exactly the same tensors.
+    ``spec.micro_batches`` micro-batches (gradient accumulation), each loss
+    divided by their count, under :func:`model_rng`. Every parameter gets a
+    gradient (zeros where the loss does not reach it), so the paramserver and
+    the reference loop step exactly the same tensors.
     """
     device = next(model.parameters()).device
-    x, y = task.batch(spec.seed, slot, step, spec.batch_size)
+    micro = max(spec.micro_batches, 1)
+    before = {n: b.detach().clone() for n, b in model_buffers(model).items()}
     model.zero_grad(set_to_none=True)
-    loss = task.loss(model, x.to(device), y.to(device))
-    loss.backward()
+    losses, examples = [], 0
+    with model_rng(spec.seed, slot, step, device):
+        for m in range(micro):
+            x, y = task.batch(spec.seed, slot, step * micro + m, spec.batch_size)
+            loss = task.loss(model, x.to(device), y.to(device))
+            # the mean over micro-batches; one micro-batch keeps the plain graph
+            (loss / micro if micro > 1 else loss).backward()
+            losses.append(float(loss.detach()))
+            examples += len(y)
     grads = {}
     for name, p in model.named_parameters():
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         grads[name] = g.detach().to("cpu", copy=True).contiguous()
     model.zero_grad(set_to_none=True)
-    return StepResult(grads, float(loss.detach()), len(y))
+    # The buffers' new values are pushed; the model gets its old ones back, so a
+    # recomputation (duplicate compute, ABFT retry) starts where this one did.
+    for name, b in model_buffers(model).items():
+        grads[name] = b.detach().to("cpu", copy=True).contiguous()
+        with torch.no_grad():
+            b.copy_(before[name])
+    return StepResult(grads, sum(losses) / micro, examples, frozenset(before))
+
+
+def model_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers that travel with a job: those in the state dict (persistent ones)."""
+    saved = model.state_dict(keep_vars=True)
+    return {n: b for n, b in model.named_buffers() if n in saved}
+
+
+@contextlib.contextmanager
+def model_rng(seed: int, slot: int, step: int, device: torch.device):
+    """The global RNG (CPU, and the model's GPU) forked and seeded from (seed, slot, step).
+
+    Dropout and any other draw inside ``loss()`` take numbers from the global
+    generator; seeding it per (seed, slot, step) makes them the same on whichever
+    trainer computes the slot, and the fork leaves the caller's RNG untouched.
+    """
+    devices = []
+    if device.type == "cuda":
+        devices = [torch.cuda.current_device() if device.index is None else device.index]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(derive_seed(seed, "model-rng", slot, step))
+        yield
 
 
 def compute_gradients(
@@ -84,14 +131,28 @@ def sum_in_slot_order(per_slot: list[Mapping[str, torch.Tensor]]) -> dict[str, t
 
 
 def initial_params(task: Task, seed: int) -> dict[str, torch.Tensor]:
-    """The seeded initial weights as registered on the paramservers."""
+    """The seeded initial weights as registered on the paramservers: parameters, then buffers."""
     model = task.build_model(seed)
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out.update((n, b.detach().clone()) for n, b in model_buffers(model).items())
+    return out
+
+
+def initial_state(task: Task, spec: coordinator.JobSpec) -> dict[str, torch.Tensor]:
+    """What a job starts from: :func:`initial_params`, or the file ``spec.init_from`` names."""
+    initial = initial_params(task, spec.seed)
+    return weights.overlay(initial, spec.init_from) if spec.init_from else initial
+
+
+def buffer_names(task: Task, seed: int) -> list[str]:
+    """Names of the model's buffers among :func:`initial_params` (ModelHeader.buffer_names)."""
+    return list(model_buffers(task.build_model(seed)))
 
 
 def load_params(model: torch.nn.Module, params: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``params`` into the model's parameters in place (bitwise, any device)."""
+    """Copy ``params`` (parameters and buffers) into the model in place (bitwise, any device)."""
     own = dict(model.named_parameters())
+    own.update(model_buffers(model))
     with torch.no_grad():
         for name, value in params.items():
             own[name].copy_(value)
@@ -105,18 +166,24 @@ def reference_run(
     model = task.build_model(spec.seed).to(device)
     # The optimizer owns separate CPU tensors, as the paramserver does; the model
     # only ever sees copies of them.
-    params = initial_params(task, spec.seed)
-    optimizer = optim.build(spec.optimizer, list(params.values()))
+    state = initial_state(task, spec)
+    buffers = set(model_buffers(model))
+    params = {n: t for n, t in state.items() if n not in buffers}
+    rule = schedule.resolved(spec.optimizer, spec.steps)
+    optimizer = optim.build(rule, list(params.values()))
     for step in range(spec.steps if steps is None else steps):
-        load_params(model, params)
+        load_params(model, state)
         per_slot = [compute_gradients(task, model, k, step, spec) for k in range(spec.num_slots)]
-        summed = sum_in_slot_order(per_slot)
+        summed = sum_in_slot_order([{n: g[n] for n in params} for g in per_slot])
         for name, p in params.items():
             p.grad = summed[name]
+        gradients.prepare_step(optimizer, params, summed, len(per_slot), step, rule)
         optimizer.step()
         for p in params.values():
             p.grad = None
-    return params
+        for name in buffers:  # as the paramserver combines them (ModelHeader.buffer_names)
+            state[name].copy_(gradients.combine_buffers([g[name] for g in per_slot]))
+    return state
 
 
 def evaluate(spec: coordinator.JobSpec, params: Mapping[str, torch.Tensor]) -> dict[str, float]:

@@ -116,7 +116,9 @@ def upload(
             # Content addressing still dedupes through has_chunk; the parent
             # only spares the round trips, so its absence costs time, not data.
             log.warning("parent checkpoint unreadable", parent=parent_id, error=str(exc))
-    items = ckpt.state_items(snapshot.tensors, snapshot.params, shard)
+    items = ckpt.state_items(
+        snapshot.tensors, snapshot.params, shard, buffers=set(snapshot.header.buffer_names)
+    )
     ckpt.require_room(store, job_id, sum(i.tensor.numel() * i.tensor.element_size() for i in items))
     return ckpt.write_tensors(
         store, items, chunk_bytes=chunk_bytes, skip=skip, before_put=_put_delay(),
@@ -225,8 +227,9 @@ def model_from_checkpoint(
             f"checkpoint {manifest.checkpoint_id} has no counters for shard {shard}",
         )
     mine = [t for t in manifest.tensors if t.shard == shard]
-    params = [t.spec for t in mine if t.kind == ckpt.KIND_PARAM]
+    params = [t.spec for t in mine if t.kind in (ckpt.KIND_PARAM, ckpt.KIND_BUFFER)]
     header = paramserver.ModelHeader(
+        buffer_names=[t.spec.name for t in mine if t.kind == ckpt.KIND_BUFFER],
         job_id=manifest.job_id,
         optimizer=manifest.optimizer,
         consistency=manifest.consistency,

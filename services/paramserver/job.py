@@ -17,7 +17,7 @@ import torch
 
 from services.paramserver import optim
 from services.paramserver.consistency import Mode, Rules, Verdict, judge_push
-from stalwart import codec
+from stalwart import codec, gradients
 from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -75,7 +75,16 @@ class JobModel:
         self.rules = rules_from(header)
         self.specs = {s.name: s for s in header.tensors}
         self.params = {name: tensors[name].detach().clone() for name in self.specs}
-        self.optimizer = optim.build(header.optimizer, list(self.params.values()))
+        # buffers live beside the parameters (pulled, replicated and checkpointed
+        # alike) but the optimizer never sees them
+        self.buffers = frozenset(header.buffer_names)
+        unknown = self.buffers - set(self.params)
+        if unknown:
+            raise StalwartError(
+                ErrorKind.INVALID_ARGUMENT, f"buffer_names not among the tensors: {sorted(unknown)}"
+            )
+        stepped = [p for n, p in self.params.items() if n not in self.buffers]
+        self.optimizer = optim.build(header.optimizer, stepped)
         self._names = {id(p): n for n, p in self.params.items()}
         self.version = 0
         self.clocks = [0] * self.rules.num_slots
@@ -146,21 +155,31 @@ class JobModel:
         return all(self.pending.get((e.step, e.slot), (None,))[0] == e.crc for e in entries)
 
     def apply(self, entries: Sequence[Entry]) -> int:
-        """Sum the entries' gradients in the given order, run the optimizer, bump the version."""
+        """Sum the entries' gradients in the given order, reduce and clip the sum, set the
+        version's scheduled rate (stalwart.gradients), run the optimizer, bump the version."""
         summed: dict[str, torch.Tensor] = {}
+        buffers: dict[str, list[torch.Tensor]] = {}
         for e in entries:
             for name, grad in self.pending[(e.step, e.slot)][1].items():
-                if name in summed:
+                if name in self.buffers:
+                    buffers.setdefault(name, []).append(grad)
+                elif name in summed:
                     summed[name] += grad
                 else:  # the buffered gradient is ours alone: sum into it, no copy
                     summed[name] = grad
         for name, param in self.params.items():
             param.grad = summed.get(name)  # None: the optimizer leaves it alone
+        gradients.prepare_step(
+            self.optimizer, self.params, summed, len(entries), self.version,
+            self.header.optimizer,
+        )  # fmt: skip
         self.optimizer.step()
         for param in self.params.values():
             param.grad = None
+        for name, values in buffers.items():
+            self.params[name].copy_(gradients.combine_buffers(values))
         self.version += 1
-        for name in summed:
+        for name in [*summed, *buffers]:
             self.param_versions[name] = self.version
         self._record(entries)
         return self.version

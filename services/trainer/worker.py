@@ -23,7 +23,7 @@ import torch
 
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
-from stalwart import abft, sdc, training, usererrors
+from stalwart import abft, schedule, sdc, training, usererrors
 from stalwart.api import coordinator
 from stalwart.client.paramserver import ParamServerClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
@@ -214,11 +214,14 @@ class Worker:
 
     async def _register(self, job: JobState) -> None:
         """Idempotent RegisterModel with the seeded initial weights: the first one wins."""
-        initial = training.initial_params(job.task, job.spec.seed)
+        initial = training.initial_state(job.task, job.spec)
         s = job.spec
+        # resolved as on admission, for specs that never passed a coordinator (file mode)
+        rule = schedule.resolved(s.optimizer, s.steps)
         await job.client.register_model(
-            job.job_id, initial, s.optimizer, s.consistency, max(s.num_slots, 1)
-        )
+            job.job_id, initial, rule, s.consistency, max(s.num_slots, 1),
+            buffers=training.buffer_names(job.task, s.seed),
+        )  # fmt: skip
         job.registered = True
 
     async def _drop_job(self) -> None:

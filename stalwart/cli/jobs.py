@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stalwart.api import common, coordinator
+from stalwart.cli import export as export_cmd
 from stalwart.cli.admin import JOB_COLUMNS, enum_name, job_row
 from stalwart.cli.output import (
     OUTPUT_OPTION,
@@ -22,9 +23,11 @@ from stalwart.cli.output import (
     fail,
 )
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
+from stalwart.cli.trainflags import TrainingFlags, describe_rule
 from stalwart.client.coordinator import CoordinatorClient
 
-app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_help=True)
+app = typer.Typer(help="Submit, inspect, cancel and export training jobs.", no_args_is_help=True)
+app.command("export")(export_cmd.export)
 
 # Defaults of the built-in models, as stalwart.models.registry.default_spec has
 # them (a unit test keeps the two equal). Kept here so that submitting a job does
@@ -32,9 +35,18 @@ app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_h
 BUILTIN_DEFAULTS: dict[str, dict] = {
     "digits-cnn": dict(slots=3, steps=400, batch_size=64, optimizer="adam", lr=2e-3),
     "mlp": dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3),
-    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=0.5),
+    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=1.0),
 }
 FALLBACK = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
+# Defaults past those five, as JobSpec fields (protobuf only: still no torch).
+BUILTIN_DEFAULTS["char-lm"] = dict(
+    slots=2, steps=300, batch_size=16, optimizer="adamw", lr=3e-3,
+    spec=coordinator.JobSpec(micro_batches=2, optimizer=common.OptimizerSpec(
+        weight_decay=0.01, beta2=0.95, clip_grad_norm=1.0,
+        schedule=common.LrSchedule(kind=common.LR_SCHEDULE_KIND_COSINE, warmup_steps=30,
+                                   final_lr_ratio=0.1),
+    )),
+)  # fmt: skip
 
 FINISHED = {
     coordinator.JOB_STATE_SUCCEEDED,
@@ -76,7 +88,7 @@ def build_spec(
     optimizer: str | None,
     lr: float | None,
     momentum: float,
-    weight_decay: float,
+    weight_decay: float | None,
     mode: str,
     staleness: int,
     shards: int,
@@ -94,7 +106,9 @@ def build_spec(
         if not sep or not key:
             fail(f"--arg {item!r}: expected key=value", ExitCode.INVALID_INPUT)
         model_args[key] = value
-    return coordinator.JobSpec(
+    spec = coordinator.JobSpec()
+    spec.CopyFrom(defaults.get("spec", coordinator.JobSpec()))
+    spec.MergeFrom(coordinator.JobSpec(
         model=model,
         model_args=model_args,
         num_slots=defaults["slots"] if slots is None else slots,
@@ -106,10 +120,12 @@ def build_spec(
             kind=_OPTIMIZERS[optimizer or defaults["optimizer"]],
             lr=defaults["lr"] if lr is None else lr,
             momentum=momentum,
-            weight_decay=weight_decay,
         ),
         consistency=common.ConsistencySpec(mode=_MODES[mode], staleness=staleness),
-    )
+    ))  # fmt: skip
+    if weight_decay is not None:
+        spec.optimizer.weight_decay = weight_decay
+    return spec
 
 
 def job_details(job: coordinator.Job) -> dict:
@@ -125,7 +141,7 @@ def job_details(job: coordinator.Job) -> dict:
         "batch size": spec.batch_size,
         "seed": spec.seed,
         "optimizer": f"{enum_name(common.OptimizerKind, spec.optimizer.kind, 'OPTIMIZER_KIND_')}"
-        f" lr={spec.optimizer.lr:g}",
+        f" lr={spec.optimizer.lr:g}{describe_rule(spec)}",
         "mode": enum_name(common.ConsistencyMode, spec.consistency.mode, "CONSISTENCY_MODE_"),
         "created": job.create_time.ToDatetime().isoformat(timespec="seconds") + "Z",
     }
@@ -161,7 +177,7 @@ async def wait_for(
 @cli_errors
 @option_groups
 def submit(
-    model: str = typer.Option("digits-cnn", help="built-in (digits-cnn, mlp, embedding) or package.module:function"),
+    model: str = typer.Option("digits-cnn", help="built-in (digits-cnn, mlp, embedding, char-lm) or package.module:function"),
     slots: int | None = typer.Option(None, help="data-parallel slots (trainers); default per model"),
     steps: int | None = typer.Option(None, help="steps to train; default per model"),
     batch_size: int | None = typer.Option(None, help="examples per slot per step; default per model"),
@@ -169,10 +185,11 @@ def submit(
     optimizer: OptimizerName | None = typer.Option(None, help="default per model"),
     lr: float | None = typer.Option(None, help="learning rate; default per model"),
     momentum: float = typer.Option(0.0, help="SGD momentum"),
-    weight_decay: float = typer.Option(0.0, help="weight decay"),
+    weight_decay: float | None = typer.Option(None, help="weight decay; default per model (0 but char-lm)"),
     mode: Mode = typer.Option(Mode.sync, help="consistency: sync (bitwise reproducible), async, ssp"),
     staleness: int = typer.Option(0, help="SSP: most versions a push may lag"),
     shards: int = typer.Option(1, help="paramserver shard groups the job uses"),
+    rule: TrainingFlags = FROM_FLAGS,
     arg: list[str] = typer.Option([], "--arg", help="model argument key=value (repeat), e.g. width=8"),
     job_id: str = typer.Option("", help="job id; default: generated"),
     wait: bool = typer.Option(False, "--wait", help="follow the job with a progress bar until it ends"),
@@ -183,6 +200,7 @@ def submit(
     """Submit a training job; with --wait, follow it to the end (exit 1 unless it succeeds)."""
     spec = build_spec(model, slots, steps, batch_size, seed, optimizer, lr, momentum,
                       weight_decay, mode.value, staleness, shards, arg)  # fmt: skip
+    rule.apply(spec)
 
     async def go(client: CoordinatorClient) -> coordinator.Job:
         job = await client.create_job(spec, job_id=job_id)

@@ -6,7 +6,7 @@ pieces by the shard map, and retries through failover with the same
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -249,8 +249,12 @@ class ParamServerClient:
         optimizer: common.OptimizerSpec,
         consistency: common.ConsistencySpec,
         num_slots: int,
+        buffers: Collection[str] = (),
     ) -> None:
+        """``buffers``: names among ``params`` that are module buffers (not stepped)."""
         per_shard = shardmap.split(params, self.plan(params), self.num_shards)
+        buffers = set(buffers)
+        buffer_of = {p.piece_name for p in self.pieces if p.tensor_name in buffers}
 
         async def one(group: ShardGroupClient, pieces: dict[str, torch.Tensor]):
             header = paramserver.ModelHeader(
@@ -260,6 +264,7 @@ class ParamServerClient:
                 num_slots=num_slots,
                 tensors=[codec.spec_of(n, t) for n, t in pieces.items()],
                 chunk_size=group.chunk_bytes,
+                buffer_names=[n for n in pieces if n in buffer_of],
             )
             await group.register_model(header, list(pieces.values()))
 

@@ -1,4 +1,4 @@
-"""Jobs to train: built-in tasks (``digits-cnn``, ``mlp``, ``embedding``) and user tasks.
+"""Jobs to train: built-in tasks (``digits-cnn``, ``mlp``, ``embedding``, ``char-lm``) and user tasks.
 
 task = resolve(spec)                      # spec: stalwart.api.coordinator.JobSpec
 model = task.build_model(spec.seed)       # same weights on every machine

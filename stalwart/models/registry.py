@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from stalwart.api import common, coordinator
-from stalwart.models import digits, embedding, mlp, user
+from stalwart.models import charlm, digits, embedding, mlp, user
 from stalwart.models.base import Task, invalid
 
 Factory = Callable[[int, Mapping[str, str]], Task]
@@ -14,6 +14,7 @@ BUILTINS: dict[str, Factory] = {
     digits.NAME: digits.DigitsTask,
     mlp.NAME: mlp.MlpTask,
     embedding.NAME: embedding.EmbeddingTask,
+    charlm.NAME: charlm.CharLmTask,
 }
 
 
@@ -43,11 +44,24 @@ def _sgd(lr: float) -> common.OptimizerSpec:
     return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=lr)
 
 
+def _charlm_adamw() -> common.OptimizerSpec:
+    """AdamW, warmup + cosine, clipping at 1.0: how small transformers are trained."""
+    return common.OptimizerSpec(
+        kind=common.OPTIMIZER_KIND_ADAMW, lr=3e-3, weight_decay=0.01, beta2=0.95,
+        clip_grad_norm=1.0,
+        schedule=common.LrSchedule(kind=common.LR_SCHEDULE_KIND_COSINE, warmup_steps=30,
+                                   final_lr_ratio=0.1),
+    )  # fmt: skip
+
+
 # Defaults per built-in; see docs/models.md for how digits-cnn's were chosen.
 _DEFAULTS: dict[str, dict] = {
     digits.NAME: dict(num_slots=3, steps=400, batch_size=64, optimizer=_adam(2e-3)),
     mlp.NAME: dict(num_slots=1, steps=100, batch_size=64, optimizer=_adam(1e-3)),
-    embedding.NAME: dict(num_slots=2, steps=100, batch_size=64, optimizer=_sgd(0.5)),
+    embedding.NAME: dict(num_slots=2, steps=100, batch_size=64, optimizer=_sgd(1.0)),
+    charlm.NAME: dict(
+        num_slots=2, steps=300, batch_size=16, micro_batches=2, optimizer=_charlm_adamw()
+    ),  # fmt: skip
 }
 
 

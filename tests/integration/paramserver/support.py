@@ -67,12 +67,18 @@ def group_client(addresses: Sequence[str], **kw) -> ShardGroupClient:
 # --- specs ----------------------------------------------------------------------------
 
 
+# These tests compare with torch.optim fed the plain slot-order sum: SUM reduction.
+_SUM = common.GRAD_REDUCTION_SUM
+
+
 def sgd(lr: float, momentum: float = 0.0) -> common.OptimizerSpec:
-    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=lr, momentum=momentum)
+    return common.OptimizerSpec(
+        kind=common.OPTIMIZER_KIND_SGD, lr=lr, momentum=momentum, reduction=_SUM
+    )
 
 
 def adam(lr: float) -> common.OptimizerSpec:
-    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_ADAM, lr=lr)
+    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_ADAM, lr=lr, reduction=_SUM)
 
 
 def consistency(mode: str, staleness: int = 0, refuse: bool = False) -> common.ConsistencySpec:

@@ -11,7 +11,7 @@ from stalwart.models import default_spec
 
 @pytest.mark.parametrize("model", sorted(BUILTIN_DEFAULTS))
 def test_submit_defaults_equal_the_registry(model):
-    got = build_spec(model, None, None, None, 0, None, None, 0.0, 0.0, "sync", 0, 1, [])
+    got = build_spec(model, None, None, None, 0, None, None, 0.0, None, "sync", 0, 1, [])
     want = default_spec(model)
     assert got == want
 
@@ -21,3 +21,18 @@ def test_flags_override_defaults_and_model_args_parse():
     assert (spec.num_slots, spec.steps, spec.batch_size, spec.seed) == (2, 7, 8, 5)
     assert spec.optimizer.kind == common.OPTIMIZER_KIND_SGD and spec.optimizer.momentum == 0.9
     assert dict(spec.model_args) == {"hidden": "64"}
+
+
+def test_update_rule_flags_go_on_top_of_the_model_defaults():
+    from stalwart.cli.trainflags import Reduction, TrainingFlags
+
+    spec = build_spec("char-lm", None, None, None, 0, None, None, 0.0, None, "sync", 0, 1, [])
+    none = {f: None for f in TrainingFlags.__dataclass_fields__}
+    TrainingFlags(**{**none, "warmup_steps": 5, "reduction": Reduction.sum}).apply(spec)
+    s = spec.optimizer.schedule
+    assert (s.kind, s.warmup_steps, s.final_lr_ratio) == (common.LR_SCHEDULE_KIND_COSINE, 5, 0.1)
+    assert spec.optimizer.reduction == common.GRAD_REDUCTION_SUM
+    assert spec.optimizer.clip_grad_norm == 1.0 and spec.micro_batches == 2  # kept
+    plain = build_spec("mlp", None, None, None, 0, None, None, 0.0, None, "sync", 0, 1, [])
+    TrainingFlags(**none).apply(plain)
+    assert plain == default_spec("mlp")  # no flag given: nothing changes

@@ -41,16 +41,21 @@ def header(
     )
 
 
+def _summing(kw: dict) -> dict:
+    """These tests compare with torch.optim fed the plain sum of the slots' gradients."""
+    return {"reduction": common.GRAD_REDUCTION_SUM, **kw}
+
+
 def sgd(**kw) -> common.OptimizerSpec:
-    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, **kw)
+    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, **_summing(kw))
 
 
 def adam(**kw) -> common.OptimizerSpec:
-    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_ADAM, **kw)
+    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_ADAM, **_summing(kw))
 
 
 def adamw(**kw) -> common.OptimizerSpec:
-    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_ADAMW, **kw)
+    return common.OptimizerSpec(kind=common.OPTIMIZER_KIND_ADAMW, **_summing(kw))
 
 
 def grads_for(params: Mapping[str, torch.Tensor], step: int, slot: int) -> dict[str, torch.Tensor]:

@@ -15,7 +15,8 @@ def _deterministic():
 
 
 def hand_rolled(spec, steps, make_optimizer):
-    """The same job written directly against torch: one model, summed slot gradients."""
+    """The same job written directly against torch: one model, slot gradients summed in
+    slot order and divided by the slot count (the default MEAN reduction)."""
     task = models.resolve(spec)
     model = task.build_model(spec.seed)
     optimizer = make_optimizer(list(model.parameters()))
@@ -32,7 +33,7 @@ def hand_rolled(spec, steps, make_optimizer):
                 for t, g in zip(total, grads, strict=True):
                     t += g
         for p, g in zip(model.parameters(), total, strict=True):
-            p.grad = g
+            p.grad = g / spec.num_slots if spec.num_slots > 1 else g
         optimizer.step()
     return {n: p.detach() for n, p in model.named_parameters()}
 
