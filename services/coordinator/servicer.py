@@ -11,14 +11,14 @@ import time
 
 import structlog
 
-from services.coordinator import paging
 from services.coordinator.control import Control, Directions
 from services.coordinator.convert import JOB_STATES_BACK, ROLES_BACK, job_to_proto, timestamp
 from services.coordinator.election import Election
 from services.coordinator.jobs import JobState
 from services.coordinator.membership import NodeRecord, Role
 from services.coordinator.settings import CoordinatorSettings
-from stalwart import jobspec
+from services.coordinator.shardpieces import ShardPieces
+from stalwart import jobspec, paging
 from stalwart.api import common, coordinator, coordinator_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import rpc_handler
@@ -30,10 +30,17 @@ WATCH_POLL_S = 1.0  # a watcher re-checks leadership at least this often
 
 
 class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
-    def __init__(self, control: Control, election: Election, settings: CoordinatorSettings) -> None:
+    def __init__(
+        self,
+        control: Control,
+        election: Election,
+        settings: CoordinatorSettings,
+        pieces: ShardPieces | None = None,
+    ) -> None:
         self.control = control
         self.election = election
         self.settings = settings
+        self.pieces = pieces  # None: GetShardMap answers without pieces
 
     # --- jobs ----------------------------------------------------------------------
 
@@ -53,6 +60,8 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     async def ListJobs(self, request, context):
         self.control.require_leader()
         wanted = JOB_STATES_BACK.get(request.state)
+        if wanted is None and request.state != coordinator.JOB_STATE_UNSPECIFIED:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"unknown job state {request.state}")
         items = [j for j in self.control.jobs.values() if wanted is None or j.state is wanted]
         # newest first: sort by negated creation time
         chunk, token = paging.page(items, lambda j: [-j.created_at, j.job_id],
@@ -155,6 +164,8 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     async def ListNodes(self, request, context):
         self.control.require_leader()
         wanted = ROLES_BACK.get(request.role)
+        if wanted is None and request.role != common.NODE_ROLE_UNSPECIFIED:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"unknown node role {request.role}")
         items = [
             n for n in self.control.members.nodes.values() if wanted is None or n.role is wanted
         ]
@@ -173,7 +184,11 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def GetShardMap(self, request, context):
-        return self._shard_map(self.control.job(request.job_id).num_shards)
+        answer = self._shard_map(self.control.job(request.job_id).num_shards)
+        if self.pieces is not None:  # heartbeats' maps go without: trainers compute their own
+            primaries = {g.shard: g.primary_address for g in answer.groups}
+            answer.shard_map.pieces.extend(await self.pieces.pieces(request.job_id, primaries))
+        return answer
 
     # --- the coordinator group -----------------------------------------------------
 

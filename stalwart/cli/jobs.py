@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from stalwart import jobspec
 from stalwart.api import common, coordinator
 from stalwart.cli.admin import JOB_COLUMNS, enum_name, job_row
 from stalwart.cli.output import (
@@ -26,15 +27,10 @@ from stalwart.client.coordinator import CoordinatorClient
 
 app = typer.Typer(help="Submit, inspect and cancel training jobs.", no_args_is_help=True)
 
-# Defaults of the built-in models, as stalwart.models.registry.default_spec has
-# them (a unit test keeps the two equal). Kept here so that submitting a job does
-# not import torch, which takes seconds.
-BUILTIN_DEFAULTS: dict[str, dict] = {
-    "digits-cnn": dict(slots=3, steps=400, batch_size=64, optimizer="adam", lr=2e-3),
-    "mlp": dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3),
-    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=0.5),
-}
-FALLBACK = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
+# The coordinator's defaults (stalwart.jobspec), shown and sent by `job submit`.
+# That module imports no torch, so submitting a job stays fast.
+BUILTIN_DEFAULTS = jobspec.MODEL_DEFAULTS
+FALLBACK = jobspec.FALLBACK_DEFAULTS
 
 FINISHED = {
     coordinator.JOB_STATE_SUCCEEDED,
@@ -55,11 +51,7 @@ class Mode(enum.StrEnum):
     ssp = "ssp"
 
 
-_OPTIMIZERS = {
-    "sgd": common.OPTIMIZER_KIND_SGD,
-    "adam": common.OPTIMIZER_KIND_ADAM,
-    "adamw": common.OPTIMIZER_KIND_ADAMW,
-}
+_OPTIMIZERS = jobspec.OPTIMIZER_KINDS
 _MODES = {
     "sync": common.CONSISTENCY_MODE_SYNC,
     "async": common.CONSISTENCY_MODE_ASYNC,
