@@ -24,7 +24,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto lint fmt test backends deploy-tools go-client bench demo clean distclean
+.PHONY: help setup proto lint fmt test backends deploy-tools go-client api-tools ts-client bench demo clean distclean
 
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
@@ -108,8 +108,32 @@ deploy-tools: $(COMPOSE_SCHEMA_STAMP)
 go-client: setup
 	bash clients/go/generate.sh
 
+# --- API tools: grpcurl and ghz, pinned, from the Go module proxy into .tools/go/bin -----
+# Used by tests/integration/test_reflection.py (reflection alone, no .proto files).
+# The Go module cache stays where `go env GOMODCACHE` says, outside the clone.
+GRPCURL_VERSION := v1.9.3
+GHZ_VERSION := v0.121.0
+GO_TOOLS := $(abspath $(TOOLS))/go/bin
+GRPCURL_STAMP := $(TOOLS)/.grpcurl-$(GRPCURL_VERSION)
+GHZ_STAMP := $(TOOLS)/.ghz-$(GHZ_VERSION)
+$(GRPCURL_STAMP):
+	mkdir -p $(GO_TOOLS)
+	GOBIN=$(GO_TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+	touch $@
+$(GHZ_STAMP):
+	mkdir -p $(GO_TOOLS)
+	GOBIN=$(GO_TOOLS) go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+	touch $@
+api-tools:
+	@if command -v go >/dev/null; then \
+	  $(MAKE) --no-print-directory $(GRPCURL_STAMP) $(GHZ_STAMP); \
+	else \
+	  echo "api-tools: no Go toolchain, grpcurl and ghz not installed (their test skips)"; \
+	fi
+# ----------------------------------------------------------------------------------------
+
 # pytest exit status 5 means it collected no tests: that is a failure, said plainly.
-test: setup backends deploy-tools
+test: setup backends deploy-tools api-tools ts-client
 	rc=0; $(BIN)/python -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
