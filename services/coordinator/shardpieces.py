@@ -60,7 +60,9 @@ class ShardPieces:
             raise StalwartError(ErrorKind.UNAVAILABLE, f"shard group {shard} has no primary")
         request = paramserver.GetFingerprintRequest(job_id=job_id)
         try:
-            answer = await self._stub(address).GetFingerprint(request, timeout=FINGERPRINT_TIMEOUT_S)
+            answer = await self._stub(address).GetFingerprint(
+                request, timeout=FINGERPRINT_TIMEOUT_S
+            )
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return None

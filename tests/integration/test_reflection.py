@@ -41,7 +41,9 @@ SERVES = {
 
 if not (GRPCURL.exists() and GHZ.exists()):
     if os.environ.get("STALWART_REQUIRE_BACKENDS") == "1":
-        raise RuntimeError("grpcurl/ghz missing and STALWART_REQUIRE_BACKENDS=1: run make api-tools")
+        raise RuntimeError(
+            "grpcurl/ghz missing and STALWART_REQUIRE_BACKENDS=1: run make api-tools"
+        )
     pytestmark = pytest.mark.skip(reason="grpcurl/ghz not installed (make api-tools)")
 
 
@@ -58,7 +60,11 @@ def servers(run_dir: Path) -> Iterator[dict[str, ServiceProcess]]:
     started: dict[str, ServiceProcess] = {}
     try:
         started["coordinator"] = start_service(
-            "services.coordinator", ["--store-url", store], run_dir, "refl-coord", cwd=ROOT,
+            "services.coordinator",
+            ["--store-url", store],
+            run_dir,
+            "refl-coord",
+            cwd=ROOT,
             preload=PRELOAD,
         )
         join = ["--coordinator", started["coordinator"].address]
