@@ -132,6 +132,25 @@ api-tools:
 	fi
 # ----------------------------------------------------------------------------------------
 
+# --- TypeScript client: npm ci (pinned by package-lock.json) into clients/typescript/ ----
+# node_modules (gitignored; npm's download cache stays in ~/.npm), then ts-proto
+# generation (generate.sh) and tsc into dist/. Without npm the target says so and
+# tests/integration/test_ts_client.py skips.
+TS_DIR := clients/typescript
+TS_STAMP := $(TS_DIR)/node_modules/.installed
+$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+ts-client: $(STAMP)
+	@if command -v npm >/dev/null; then \
+	  $(MAKE) --no-print-directory $(TS_STAMP) && \
+	  PYTHON=$(abspath $(BIN))/python bash $(TS_DIR)/generate.sh && \
+	  (cd $(TS_DIR) && node_modules/.bin/tsc -p tsconfig.json); \
+	else \
+	  echo "ts-client: no npm, TypeScript client not built (its test skips)"; \
+	fi
+# ----------------------------------------------------------------------------------------
+
 # pytest exit status 5 means it collected no tests: that is a failure, said plainly.
 test: setup backends deploy-tools api-tools ts-client
 	rc=0; $(BIN)/python -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
