@@ -135,12 +135,23 @@ export class Coordinator {
     return (await this.call((c) => c.getJob, { jobId })).job as Job;
   }
 
-  /** Poll a job until it finishes or timeoutMs passes; returns its last state. */
+  /**
+   * Poll a job until it finishes or timeoutMs passes; returns its last state.
+   * While the coordinators elect a leader (NOT_LEADER with no leader named,
+   * UNAVAILABLE) it keeps polling; any other error ends the wait.
+   */
   async waitJob(jobId: string, timeoutMs: number, pollMs = 500): Promise<Job> {
     const until = Date.now() + timeoutMs;
     for (;;) {
-      const job = await this.getJob(jobId);
-      if (FINISHED_STATES.has(job.state) || Date.now() > until) {
+      let job: Job | undefined;
+      try {
+        job = await this.getJob(jobId);
+      } catch (err) {
+        if (!transient(err) || Date.now() > until) {
+          throw err;
+        }
+      }
+      if (job !== undefined && (FINISHED_STATES.has(job.state) || Date.now() > until)) {
         return job;
       }
       await new Promise((r) => setTimeout(r, pollMs));
@@ -150,4 +161,9 @@ export class Coordinator {
   async getShardMap(jobId: string): Promise<GetShardMapResponse> {
     return this.call((c) => c.getShardMap, { jobId });
   }
+}
+
+/** Worth the same call again shortly: no leader elected yet, or a replica down. */
+export function transient(err: unknown): boolean {
+  return err instanceof StalwartError && (err.reason === "NOT_LEADER" || err.code === status.UNAVAILABLE);
 }
