@@ -24,7 +24,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto lint fmt test backends deploy-tools go-client api-tools ts-client bench demo clean distclean
+.PHONY: help setup proto lint breaking fmt test backends deploy-tools go-client api-tools ts-client bench demo clean distclean
 
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
@@ -75,8 +75,21 @@ lint: $(STAMP) $(BUF_STAMP)
 	rc=0; \
 	$(BIN)/ruff check . || rc=1; \
 	(cd protos && ../$(BUF) lint) && echo "buf lint: clean" || rc=1; \
+	$(MAKE) --no-print-directory breaking || rc=1; \
 	if [ $$rc -eq 0 ]; then echo "lint: ruff and buf clean"; fi; \
 	exit $$rc
+
+# buf breaking: the protos against the last released API, the main branch
+# (BUF_AGAINST overrides it, e.g. a tag: BUF_AGAINST_REF=tag=v0.1.0).
+BUF_AGAINST_REF ?= branch=main
+GIT_DIR_ABS := $(shell git rev-parse --path-format=absolute --git-common-dir 2>/dev/null)
+BUF_AGAINST ?= $(GIT_DIR_ABS)\#$(BUF_AGAINST_REF),subdir=protos
+breaking: $(BUF_STAMP)
+	@if [ -z "$(GIT_DIR_ABS)" ] || ! git rev-parse -q --verify "$(subst branch=,,$(subst tag=,,$(BUF_AGAINST_REF)))" >/dev/null; then \
+	  echo "buf breaking: no $(BUF_AGAINST_REF) in this clone to compare against, skipped"; \
+	else \
+	  (cd protos && ../$(BUF) breaking --against '$(BUF_AGAINST)') && echo "buf breaking: compatible with $(BUF_AGAINST_REF)"; \
+	fi
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
