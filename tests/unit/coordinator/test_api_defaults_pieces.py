@@ -59,3 +59,27 @@ def test_reflection_pool_finds_methods_and_refuses_unknown_ones():
     for missing in ("stalwart.v1.CoordinatorService.NoSuch", "no.such.Service.Call", "Nothing"):
         with pytest.raises(KeyError):
             pool.FindFileContainingSymbol(missing)
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        ({"corruption_kind": coordinator.CORRUPTION_KIND_ABFT}, "abft"),
+        ({"corruption_kind": coordinator.CORRUPTION_KIND_NONFINITE, "kind": "crc"}, "nonfinite"),
+        ({"kind": "duplicate_compute"}, "duplicate_compute"),  # the deprecated string still works
+    ],
+)
+def test_corruption_kind_from_the_enum_then_the_string(fields, want):
+    from services.coordinator.sdcguard import _kind_of
+
+    assert _kind_of(coordinator.ReportCorruptionRequest(**fields)) == want
+
+
+@pytest.mark.parametrize("fields", [{}, {"kind": "gremlins"}, {"corruption_kind": 99}])
+def test_corruption_kind_missing_or_unknown_is_invalid(fields):
+    from services.coordinator.sdcguard import _kind_of
+    from stalwart.errors import ErrorKind, StalwartError
+
+    with pytest.raises(StalwartError) as info:
+        _kind_of(coordinator.ReportCorruptionRequest(**fields))
+    assert info.value.kind is ErrorKind.INVALID_ARGUMENT
