@@ -62,6 +62,7 @@ def _kind_of(r: coordinator.ReportCorruptionRequest) -> str:
         raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"kind must be one of {sorted(KINDS)}")
     return r.kind
 
+
 Alert = Callable[[str, str], Awaitable[None]]  # (node id, message)
 
 
