@@ -29,7 +29,8 @@ PYTEST_ARGS ?=
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
 	@echo "make proto      regenerate $(GEN_DIR)/ from protos/"
-	@echo "make lint       ruff check + buf lint"
+	@echo "make lint       ruff check + buf lint + buf breaking (against main)"
+	@echo "make api-tools  grpcurl and ghz into $(TOOLS)/go/bin;  make ts-client: the TypeScript client"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
 	@echo "make bench      stalwart bench ps --output json"
