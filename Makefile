@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
 	@echo "make proto      regenerate $(GEN_DIR)/ from protos/"
-	@echo "make lint       ruff check + buf lint + buf breaking (against main)"
+	@echo "make lint       ruff check + buf lint + buf breaking (against the merge-base with main)"
 	@echo "make api-tools  grpcurl and ghz into $(TOOLS)/go/bin;  make ts-client: the TypeScript client"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
@@ -80,16 +80,18 @@ lint: $(STAMP) $(BUF_STAMP)
 	if [ $$rc -eq 0 ]; then echo "lint: ruff and buf clean"; fi; \
 	exit $$rc
 
-# buf breaking: the protos against the last released API, the main branch
-# (BUF_AGAINST overrides it, e.g. a tag: BUF_AGAINST_REF=tag=v0.1.0).
-BUF_AGAINST_REF ?= branch=main
+# buf breaking: the protos against the last released API. By default that is where
+# this branch left main (git merge-base), so a branch behind main is not blamed for
+# main's newer fields; BUF_AGAINST_REF=tag=v0.1.0 (or branch=main) compares with a ref.
 GIT_DIR_ABS := $(shell git rev-parse --path-format=absolute --git-common-dir 2>/dev/null)
-BUF_AGAINST ?= $(GIT_DIR_ABS)\#$(BUF_AGAINST_REF),subdir=protos
+BUF_BASE := $(shell git merge-base HEAD main 2>/dev/null)
+BUF_AGAINST_REF ?= $(if $(BUF_BASE),ref=$(BUF_BASE),)
 breaking: $(BUF_STAMP)
-	@if [ -z "$(GIT_DIR_ABS)" ] || ! git rev-parse -q --verify "$(subst branch=,,$(subst tag=,,$(BUF_AGAINST_REF)))" >/dev/null; then \
-	  echo "buf breaking: no $(BUF_AGAINST_REF) in this clone to compare against, skipped"; \
+	@if [ -z "$(GIT_DIR_ABS)" ] || [ -z "$(BUF_AGAINST_REF)" ]; then \
+	  echo "buf breaking: no main branch in this clone to compare against, skipped"; \
 	else \
-	  (cd protos && ../$(BUF) breaking --against '$(BUF_AGAINST)') && echo "buf breaking: compatible with $(BUF_AGAINST_REF)"; \
+	  (cd protos && ../$(BUF) breaking --against '$(GIT_DIR_ABS)#$(BUF_AGAINST_REF),subdir=protos') && \
+	  echo "buf breaking: compatible with $(BUF_AGAINST_REF)"; \
 	fi
 
 fmt: $(STAMP)

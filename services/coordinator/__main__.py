@@ -90,7 +90,8 @@ async def run(settings: CoordinatorSettings) -> None:
         lambda server: coordinator_grpc.add_CoordinatorServiceServicer_to_server(
             CoordinatorServicer(
                 control, holder["election"], settings, ShardPieces(checkpoint_links.stub)
-            ), server
+            ),
+            server,
         ),
         [SERVICE_NAME],
         on_shutdown=lambda: _hand_over(holder["election"]),

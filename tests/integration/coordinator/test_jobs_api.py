@@ -14,11 +14,12 @@ from tests.integration.coordinator.support import job_spec, wait_leader
 pytestmark = pytest.mark.timeout(240)
 
 
+# zero counts take the server's defaults (jobspec.normalized): the refused ones are negative
 @pytest.mark.parametrize(
     ("changes", "words"),
     [({"model": "no-such-model"}, "unknown model"), ({"num_slots": -1}, "num_slots"),
      ({"steps": -1}, "steps"), ({"lr": float("nan")}, "lr"), ({"lr": -1.0}, "lr")],
-)  # fmt: skip  (zero counts take the server's defaults: jobspec.normalized)
+)  # fmt: skip
 async def test_bad_specs_are_refused(cluster, changes, words):
     c = cluster.coordinator("c1")
     await wait_leader(c.address)
