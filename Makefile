@@ -24,12 +24,13 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto lint fmt test chaos backends deploy-tools go-client bench demo clean distclean
+.PHONY: help setup proto lint breaking fmt test chaos backends deploy-tools go-client api-tools ts-client bench demo clean distclean
 
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
 	@echo "make proto      regenerate $(GEN_DIR)/ from protos/"
-	@echo "make lint       ruff check + buf lint"
+	@echo "make lint       ruff check + buf lint + buf breaking (against the merge-base with main)"
+	@echo "make api-tools  grpcurl and ghz into $(TOOLS)/go/bin;  make ts-client: the TypeScript client"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
 	@echo "make chaos      seeded fault schedules against local clusters (SEEDS=0-49)"
@@ -76,8 +77,23 @@ lint: $(STAMP) $(BUF_STAMP)
 	rc=0; \
 	$(BIN)/ruff check . || rc=1; \
 	(cd protos && ../$(BUF) lint) && echo "buf lint: clean" || rc=1; \
+	$(MAKE) --no-print-directory breaking || rc=1; \
 	if [ $$rc -eq 0 ]; then echo "lint: ruff and buf clean"; fi; \
 	exit $$rc
+
+# buf breaking: the protos against the last released API. By default that is where
+# this branch left main (git merge-base), so a branch behind main is not blamed for
+# main's newer fields; BUF_AGAINST_REF=tag=v0.1.0 (or branch=main) compares with a ref.
+GIT_DIR_ABS := $(shell git rev-parse --path-format=absolute --git-common-dir 2>/dev/null)
+BUF_BASE := $(shell git merge-base HEAD main 2>/dev/null)
+BUF_AGAINST_REF ?= $(if $(BUF_BASE),ref=$(BUF_BASE),)
+breaking: $(BUF_STAMP)
+	@if [ -z "$(GIT_DIR_ABS)" ] || [ -z "$(BUF_AGAINST_REF)" ]; then \
+	  echo "buf breaking: no main branch in this clone to compare against, skipped"; \
+	else \
+	  (cd protos && ../$(BUF) breaking --against '$(GIT_DIR_ABS)#$(BUF_AGAINST_REF),subdir=protos') && \
+	  echo "buf breaking: compatible with $(BUF_AGAINST_REF)"; \
+	fi
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
@@ -109,8 +125,51 @@ deploy-tools: $(COMPOSE_SCHEMA_STAMP)
 go-client: setup
 	bash clients/go/generate.sh
 
+# --- API tools: grpcurl and ghz, pinned, from the Go module proxy into .tools/go/bin -----
+# Used by tests/integration/test_reflection.py (reflection alone, no .proto files).
+# The Go module cache stays where `go env GOMODCACHE` says, outside the clone.
+GRPCURL_VERSION := v1.9.3
+GHZ_VERSION := v0.121.0
+GO_TOOLS := $(abspath $(TOOLS))/go/bin
+GRPCURL_STAMP := $(TOOLS)/.grpcurl-$(GRPCURL_VERSION)
+GHZ_STAMP := $(TOOLS)/.ghz-$(GHZ_VERSION)
+$(GRPCURL_STAMP):
+	mkdir -p $(GO_TOOLS)
+	GOBIN=$(GO_TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+	touch $@
+$(GHZ_STAMP):
+	mkdir -p $(GO_TOOLS)
+	GOBIN=$(GO_TOOLS) go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+	touch $@
+api-tools:
+	@if command -v go >/dev/null; then \
+	  $(MAKE) --no-print-directory $(GRPCURL_STAMP) $(GHZ_STAMP); \
+	else \
+	  echo "api-tools: no Go toolchain, grpcurl and ghz not installed (their test skips)"; \
+	fi
+# ----------------------------------------------------------------------------------------
+
+# --- TypeScript client: npm ci (pinned by package-lock.json) into clients/typescript/ ----
+# node_modules (gitignored; npm's download cache stays in ~/.npm), then ts-proto
+# generation (generate.sh) and tsc into dist/. Without npm the target says so and
+# tests/integration/test_ts_client.py skips.
+TS_DIR := clients/typescript
+TS_STAMP := $(TS_DIR)/node_modules/.installed
+$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+ts-client: $(STAMP)
+	@if command -v npm >/dev/null; then \
+	  $(MAKE) --no-print-directory $(TS_STAMP) && \
+	  PYTHON=$(abspath $(BIN))/python bash $(TS_DIR)/generate.sh && \
+	  (cd $(TS_DIR) && node_modules/.bin/tsc -p tsconfig.json); \
+	else \
+	  echo "ts-client: no npm, TypeScript client not built (its test skips)"; \
+	fi
+# ----------------------------------------------------------------------------------------
+
 # pytest exit status 5 means it collected no tests: that is a failure, said plainly.
-test: setup backends deploy-tools
+test: setup backends deploy-tools api-tools ts-client
 	rc=0; $(BIN)/python -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc

@@ -181,11 +181,48 @@ def _check_consistency(spec: common.ConsistencySpec) -> None:
         raise _bad("consistency.staleness must be >= 0 in SSP mode")
 
 
+# Server-side defaults of the optional JobSpec fields, per built-in model (the
+# CLI shows and sends the same ones; stalwart.models.registry.default_spec has
+# them too, and a unit test keeps the three equal). protos/stalwart/v1/
+# coordinator.proto documents them on JobSpec. Plain data: no torch import.
+MODEL_DEFAULTS: dict[str, dict] = {
+    "digits-cnn": dict(slots=3, steps=400, batch_size=64, optimizer="adam", lr=2e-3),
+    "mlp": dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3),
+    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=1.0),
+    "char-lm": dict(slots=2, steps=300, batch_size=16, optimizer="adamw", lr=3e-3),
+}
+# For user models ("package.module:function").
+FALLBACK_DEFAULTS = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
+OPTIMIZER_KINDS = {
+    "sgd": common.OPTIMIZER_KIND_SGD,
+    "adam": common.OPTIMIZER_KIND_ADAM,
+    "adamw": common.OPTIMIZER_KIND_ADAMW,
+}
+
+
 def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
-    """A copy with the documented defaults filled in (SYNC mode when unspecified)."""
+    """A copy with the documented defaults filled in: the one place the coordinator applies them.
+
+    A zero (proto3's "not set") num_slots, steps, batch_size, optimizer kind or
+    learning rate takes the model's default; an unspecified consistency mode is
+    SYNC; num_shards 0 is 1. Values that are set are left for validation.
+    """
     out = coordinator.JobSpec()
     out.CopyFrom(spec)
+    defaults = MODEL_DEFAULTS.get(out.model, FALLBACK_DEFAULTS)
+    if out.num_slots == 0:
+        out.num_slots = defaults["slots"]
+    if out.steps == 0:
+        out.steps = defaults["steps"]
+    if out.batch_size == 0:
+        out.batch_size = defaults["batch_size"]
+    if out.optimizer.kind == common.OPTIMIZER_KIND_UNSPECIFIED:
+        out.optimizer.kind = OPTIMIZER_KINDS[defaults["optimizer"]]
+    if out.optimizer.lr == 0:
+        out.optimizer.lr = defaults["lr"]
     if out.consistency.mode == common.CONSISTENCY_MODE_UNSPECIFIED:
         out.consistency.mode = common.CONSISTENCY_MODE_SYNC
+    if out.num_shards == 0:
+        out.num_shards = 1
     out.optimizer.CopyFrom(schedule.resolved(out.optimizer, out.steps))
     return out

@@ -37,9 +37,8 @@ from typing import Any, TypeVar
 import grpc
 import pydantic
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from stalwart import limits, log
+from stalwart import limits, log, reflection
 from stalwart.auth import AuthInterceptor, tokens_from_settings
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.metrics import (
@@ -291,10 +290,7 @@ class ServiceRunner:
         )
         self._register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            [*self.service_names, HEALTH_SERVICE, reflection.SERVICE_NAME],
-            server,
-        )
+        reflection.enable(server, [*self.service_names, HEALTH_SERVICE])
         return server
 
     def _start_metrics(self) -> None:

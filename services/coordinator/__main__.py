@@ -24,6 +24,7 @@ from services.coordinator.paramwatch import ParamWatch, ReplicaLinks
 from services.coordinator.sdcguard import SdcGuard
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.shardpieces import ShardPieces
 from services.coordinator.statestore import StateStore
 from stalwart import log
 from stalwart.api import coordinator_grpc
@@ -89,7 +90,10 @@ async def run(settings: CoordinatorSettings) -> None:
     runner = ServiceRunner(
         settings,
         lambda server: coordinator_grpc.add_CoordinatorServiceServicer_to_server(
-            CoordinatorServicer(control, holder["election"], settings), server
+            CoordinatorServicer(
+                control, holder["election"], settings, ShardPieces(checkpoint_links.stub)
+            ),
+            server,
         ),
         [SERVICE_NAME],
         on_shutdown=lambda: _hand_over(holder["election"]),

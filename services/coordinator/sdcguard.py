@@ -41,6 +41,27 @@ VERDICTS = {
     Verdict.DROP: coordinator.GRADIENT_VERDICT_DROP,
 }
 KINDS = set(sdc.SOURCES)
+# The enum's values by the short names the metrics and logs use.
+CORRUPTION_KINDS = {
+    coordinator.CORRUPTION_KIND_CRC: "crc",
+    coordinator.CORRUPTION_KIND_ABFT: "abft",
+    coordinator.CORRUPTION_KIND_FINGERPRINT: "fingerprint",
+    coordinator.CORRUPTION_KIND_DUPLICATE_COMPUTE: "duplicate_compute",
+    coordinator.CORRUPTION_KIND_NONFINITE: "nonfinite",
+}
+
+
+def _kind_of(r: coordinator.ReportCorruptionRequest) -> str:
+    """The short name of what caught it: the enum, else the deprecated string field."""
+    if r.corruption_kind != coordinator.CORRUPTION_KIND_UNSPECIFIED:
+        if r.corruption_kind not in CORRUPTION_KINDS:
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT,
+                                f"corruption_kind {r.corruption_kind} is not a CorruptionKind")  # fmt: skip
+        return CORRUPTION_KINDS[r.corruption_kind]
+    if r.kind not in KINDS:
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"kind must be one of {sorted(KINDS)}")
+    return r.kind
+
 
 Alert = Callable[[str, str], Awaitable[None]]  # (node id, message)
 
@@ -102,13 +123,12 @@ class SdcGuard:
 
     async def report_corruption(self, r: coordinator.ReportCorruptionRequest) -> int:
         self.control.require_leader()
-        if r.kind not in KINDS:
-            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"kind must be one of {sorted(KINDS)}")
+        kind = _kind_of(r)
         suspect = r.suspect_node_id or r.node_id
         if suspect not in self.control.members.nodes:
             raise StalwartError(ErrorKind.NOT_FOUND, f"no node {suspect!r}")
-        why = f"{r.kind} reported by {r.node_id} at step {r.step}: {r.message}"
-        await self.quarantine(suspect, r.kind, why)
+        why = f"{kind} reported by {r.node_id} at step {r.step}: {r.message}"
+        await self.quarantine(suspect, kind, why)
         return coordinator.NODE_STATE_QUARANTINED
 
     async def _quarantine(self, nodes, key) -> None:

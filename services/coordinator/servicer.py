@@ -11,15 +11,15 @@ import time
 
 import structlog
 
-from services.coordinator import paging
 from services.coordinator.control import Control, Directions
 from services.coordinator.convert import JOB_STATES_BACK, ROLES_BACK, job_to_proto, timestamp
 from services.coordinator.election import Election
 from services.coordinator.jobs import JobState
 from services.coordinator.membership import NodeRecord, Role
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.shardpieces import ShardPieces
 from services.coordinator.taskerrors import TaskError
-from stalwart import jobspec, limits, usererrors
+from stalwart import jobspec, limits, paging, usererrors
 from stalwart.api import common, coordinator, coordinator_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import rpc_handler
@@ -35,10 +35,17 @@ _PHASES = {
 
 
 class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
-    def __init__(self, control: Control, election: Election, settings: CoordinatorSettings) -> None:
+    def __init__(
+        self,
+        control: Control,
+        election: Election,
+        settings: CoordinatorSettings,
+        pieces: ShardPieces | None = None,
+    ) -> None:
         self.control = control
         self.election = election
         self.settings = settings
+        self.pieces = pieces  # None: GetShardMap answers without pieces
 
     # --- jobs ----------------------------------------------------------------------
 
@@ -221,7 +228,11 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def GetShardMap(self, request, context):
-        return self._shard_map(self.control.job(request.job_id).num_shards)
+        answer = self._shard_map(self.control.job(request.job_id).num_shards)
+        if self.pieces is not None:  # heartbeats' maps go without: trainers compute their own
+            primaries = {g.shard: g.primary_address for g in answer.groups}
+            answer.shard_map.pieces.extend(await self.pieces.pieces(request.job_id, primaries))
+        return answer
 
     # --- the coordinator group -----------------------------------------------------
 

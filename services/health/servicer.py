@@ -18,6 +18,7 @@ from prometheus_client import Counter, Gauge
 from services.health.alerts import AlertLog
 from services.health.fleet import Assessment, Fleet
 from services.health.settings import HealthSettings
+from stalwart import paging
 from stalwart.api import health, health_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import rpc_handler
@@ -41,7 +42,6 @@ KINDS = {
 }
 KIND_NAMES = {v: k for k, v in KINDS.items()}
 WATCH_POLL_S = 1.0  # a watch stream notices being cut off at least this often
-MAX_PAGE = 1000
 
 
 def _ts(seconds: float) -> Timestamp:
@@ -147,14 +147,16 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
     @rpc_handler
     async def ListNodeRisks(self, request, context):
         items = sorted(self.fleet.assessments.values(), key=lambda a: (-a.risk, a.node_id))
-        chunk, token = _page(items, request.page_size, request.page_token)
+        # the cursor is the last (risk, node) sent: opaque, and no entry shifts the pages
+        chunk, token = paging.page(items, lambda a: [-a.risk, a.node_id],
+                                   request.page_size, request.page_token)  # fmt: skip
         return health.ListNodeRisksResponse(risks=[risk_proto(a) for a in chunk],
                                             next_page_token=token)  # fmt: skip
 
     @rpc_handler
     async def ListAlerts(self, request, context):
         items = self.alerts.newest_first(request.node_id)
-        chunk, token = _page(items, request.page_size, request.page_token)
+        chunk, token = paging.page(items, _alert_key, request.page_size, request.page_token)
         return health.ListAlertsResponse(alerts=chunk, next_page_token=token)
 
     @rpc_handler
@@ -176,15 +178,6 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
             self.alerts.unsubscribe(queue)
 
 
-def _page(items: list, size: int, token: str) -> tuple[list, str]:
-    """Offset pages: the token is the index of the next item (lists are small and recent)."""
-    if size < 0:
-        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "page_size must be >= 0")
-    try:
-        start = int(token) if token else 0
-    except ValueError:
-        raise StalwartError(ErrorKind.INVALID_ARGUMENT, "bad page_token") from None
-    size = min(size or 100, MAX_PAGE)
-    chunk = items[start : start + size]
-    nxt = str(start + size) if start + size < len(items) else ""
-    return chunk, nxt
+def _alert_key(alert: health.Alert) -> list:
+    """Newest first; the id breaks ties between alerts of the same instant."""
+    return [-alert.time.ToNanoseconds(), alert.alert_id]

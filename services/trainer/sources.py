@@ -72,10 +72,6 @@ class CoordinatorSource:
     def _on_update(self, response: coordinator.HeartbeatResponse) -> None:
         if response.gradient_checks and self.on_checks is not None:
             self.on_checks(list(response.gradient_checks))
-        if response.directive == coordinator.DIRECTIVE_STOP:
-            logger.info("coordinator says stop")
-            self.worker.request_stop()
-            return
         if response.directive == coordinator.DIRECTIVE_DRAIN:
             self.worker.assign(None)  # the current step finishes; no new one starts
             return

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from stalwart import jobspec
 from stalwart.api import common, coordinator
 from stalwart.cli import export as export_cmd
 from stalwart.cli.admin import JOB_COLUMNS, enum_name, job_row
@@ -29,23 +30,19 @@ from stalwart.client.coordinator import CoordinatorClient
 app = typer.Typer(help="Submit, inspect, cancel and export training jobs.", no_args_is_help=True)
 app.command("export")(export_cmd.export)
 
-# Defaults of the built-in models, as stalwart.models.registry.default_spec has
-# them (a unit test keeps the two equal). Kept here so that submitting a job does
-# not import torch, which takes seconds.
-BUILTIN_DEFAULTS: dict[str, dict] = {
-    "digits-cnn": dict(slots=3, steps=400, batch_size=64, optimizer="adam", lr=2e-3),
-    "mlp": dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3),
-    "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=1.0),
-}
-FALLBACK = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
-# Defaults past those five, as JobSpec fields (protobuf only: still no torch).
-BUILTIN_DEFAULTS["char-lm"] = dict(
-    slots=2, steps=300, batch_size=16, optimizer="adamw", lr=3e-3,
-    spec=coordinator.JobSpec(micro_batches=2, optimizer=common.OptimizerSpec(
+# The coordinator's defaults (stalwart.jobspec), shown and sent by `job submit`.
+# That module imports no torch, so submitting a job stays fast.
+BUILTIN_DEFAULTS: dict[str, dict] = {k: dict(v) for k, v in jobspec.MODEL_DEFAULTS.items()}
+FALLBACK = jobspec.FALLBACK_DEFAULTS
+# char-lm's defaults past those five, as JobSpec fields (protobuf only: still no torch);
+# stalwart.models.registry.default_spec has the same ones.
+BUILTIN_DEFAULTS["char-lm"]["spec"] = coordinator.JobSpec(
+    micro_batches=2,
+    optimizer=common.OptimizerSpec(
         weight_decay=0.01, beta2=0.95, clip_grad_norm=1.0,
         schedule=common.LrSchedule(kind=common.LR_SCHEDULE_KIND_COSINE, warmup_steps=30,
                                    final_lr_ratio=0.1),
-    )),
+    ),
 )  # fmt: skip
 
 FINISHED = {
@@ -67,11 +64,7 @@ class Mode(enum.StrEnum):
     ssp = "ssp"
 
 
-_OPTIMIZERS = {
-    "sgd": common.OPTIMIZER_KIND_SGD,
-    "adam": common.OPTIMIZER_KIND_ADAM,
-    "adamw": common.OPTIMIZER_KIND_ADAMW,
-}
+_OPTIMIZERS = jobspec.OPTIMIZER_KINDS
 _MODES = {
     "sync": common.CONSISTENCY_MODE_SYNC,
     "async": common.CONSISTENCY_MODE_ASYNC,

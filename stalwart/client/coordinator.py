@@ -258,8 +258,8 @@ class CoordinatorClient:
     ) -> int:  # fmt: skip
         """Report corrupt numbers caught on a node; returns the suspect's NODE_STATE_* value."""
         request = coordinator.ReportCorruptionRequest(
-            node_id=node_id, suspect_node_id=suspect, kind=kind, job_id=job_id, step=step,
-            message=message,
+            node_id=node_id, suspect_node_id=suspect, job_id=job_id, step=step, message=message,
+            corruption_kind=coordinator.CorruptionKind.Value(f"CORRUPTION_KIND_{kind.upper()}"),
         )  # fmt: skip
         return (await self._call("ReportCorruption", request)).suspect_state
 

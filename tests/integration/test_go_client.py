@@ -1,10 +1,12 @@
 """The Go client against a real paramserver: the wire contract is language-neutral.
 
 Builds clients/go (generate.sh: protoc-gen-go and protoc-gen-go-grpc from the Go
-module proxy, driven by grpc_tools.protoc), starts a paramserver primary, and
-a coordinator (shm:// store), and runs `go test ./...` with STALWART_PARAMSERVER
-and STALWART_COORDINATOR pointing at them, under STALWART_REQUIRE_BACKENDS=1 so
-no Go test may skip. Skips when no Go toolchain is installed.
+module proxy, driven by grpc_tools.protoc), starts a local cluster (two
+coordinators, a paramserver group, a trainer), and runs `go test ./...` with
+STALWART_PARAMSERVER and STALWART_COORDINATOR pointing at it, under
+STALWART_REQUIRE_BACKENDS=1 so no Go test may skip. One Go test runs a job to
+the end and writes its final weights; they must equal the Python client's pull,
+bitwise. Skips when no Go toolchain is installed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.procs import start_service
+from tests.integration.clients_live import assert_same_weights, live_cluster
 
 GO_DIR = Path(__file__).resolve().parents[2] / "clients" / "go"
 
@@ -44,20 +46,22 @@ def go_client() -> Path:
     return GO_DIR
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_go_client_against_live_services(go_client: Path, run_dir: Path) -> None:
-    store = f"shm://{run_dir / 'go-client-store'}"
-    with (
-        start_service("services.paramserver", ["--role", "primary"], run_dir, "go-ps") as ps,
-        start_service("services.coordinator", ["--store-url", store], run_dir, "go-coord") as co,
-    ):
+    with live_cluster(run_dir, "go-client") as cluster:
+        coordinators = cluster.coordinator_addresses
+        dump = run_dir / "go-client-weights.json"
         env = _go_env(
-            STALWART_PARAMSERVER=ps.address,
-            STALWART_COORDINATOR=co.address,
+            STALWART_PARAMSERVER=cluster.paramserver_addresses(0)[0],
+            STALWART_COORDINATOR=",".join(coordinators),
+            STALWART_WEIGHTS_OUT=str(dump),
             STALWART_REQUIRE_BACKENDS="1",
         )
-        result = _run(["go", "test", "-count=1", "-v", "./..."], env, timeout=600)
-    out = result.stdout
-    assert "--- PASS: TestParamServerPushPullRoundTrip" in out, out
-    assert "--- PASS: TestCoordinatorListAndSubmit" in out, out
-    assert "--- PASS: TestCRC32CKnownValues" in out, out
+        result = _run(["go", "test", "-count=1", "-v", "./..."], env, timeout=900)
+        out = result.stdout
+        assert "--- PASS: TestParamServerPushPullRoundTrip" in out, out
+        assert "--- PASS: TestCoordinatorListAndSubmit" in out, out
+        assert "--- PASS: TestCRC32CKnownValues" in out, out
+        assert "--- PASS: TestSubmitFollowPull" in out, out
+        # the Go client's pull of the final weights equals the Python client's, bitwise
+        assert_same_weights(dump, coordinators)

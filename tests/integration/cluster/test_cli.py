@@ -61,7 +61,7 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
         table = stalwart("jobs", *target)
         assert table.returncode == 0 and job["job_id"] in table.stdout
 
-        bad = stalwart("job", "submit", "--slots", "0", *target)
+        bad = stalwart("job", "submit", "--slots", "-1", *target)
         assert bad.returncode == EXIT_INVALID_INPUT
         line = one_error_line(bad)
         assert "INVALID_ARGUMENT" in line and "num_slots must be >= 1" in line

@@ -14,10 +14,11 @@ from tests.integration.coordinator.support import job_spec, wait_leader
 pytestmark = pytest.mark.timeout(240)
 
 
+# zero counts take the server's defaults (jobspec.normalized): the refused ones are negative
 @pytest.mark.parametrize(
     ("changes", "words"),
-    [({"model": "no-such-model"}, "unknown model"), ({"num_slots": 0}, "num_slots"),
-     ({"steps": 0}, "steps"), ({"lr": 0.0}, "lr"), ({"lr": -1.0}, "lr")],
+    [({"model": "no-such-model"}, "unknown model"), ({"num_slots": -1}, "num_slots"),
+     ({"steps": -1}, "steps"), ({"lr": float("nan")}, "lr"), ({"lr": -1.0}, "lr")],
 )  # fmt: skip
 async def test_bad_specs_are_refused(cluster, changes, words):
     c = cluster.coordinator("c1")
@@ -27,6 +28,17 @@ async def test_bad_specs_are_refused(cluster, changes, words):
             await client.create_job(job_spec(**changes))
         assert info.value.kind is ErrorKind.INVALID_ARGUMENT and words in info.value.message
         assert await client.all_jobs() == []
+
+
+async def test_filters_outside_their_enum_are_refused(cluster):
+    c = cluster.coordinator("c1")
+    await wait_leader(c.address)
+    async with CoordinatorClient(c.address) as client:
+        for call in (client.list_jobs(state=99), client.list_nodes(role=99)):
+            with pytest.raises(RpcError) as info:
+                await call
+            assert info.value.kind is ErrorKind.INVALID_ARGUMENT and "unknown" in info.value.message
+        assert (await client.list_nodes(role=common.NODE_ROLE_TRAINER)).nodes == []
 
 
 async def test_create_job_is_idempotent_and_pages(cluster):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.coordinator import paging
-from stalwart import jobspec
+from stalwart import jobspec, paging
 from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -23,13 +22,13 @@ def spec(**changes) -> coordinator.JobSpec:
 
 @pytest.mark.parametrize(
     ("changes", "kind", "words"),
-    [
+    [  # zero means "the default" (jobspec.normalized), so the bad counts are negative
         ({"model": "resnet9000"}, ErrorKind.INVALID_ARGUMENT, "unknown model"),
         ({"model": "my pkg:f"}, ErrorKind.INVALID_ARGUMENT, "unknown model"),
-        ({"num_slots": 0}, ErrorKind.INVALID_ARGUMENT, "num_slots"),
-        ({"steps": 0}, ErrorKind.INVALID_ARGUMENT, "steps"),
-        ({"batch_size": 0}, ErrorKind.INVALID_ARGUMENT, "batch_size"),
-        ({"opt_lr": 0.0}, ErrorKind.INVALID_ARGUMENT, "lr"),
+        ({"num_slots": -1}, ErrorKind.INVALID_ARGUMENT, "num_slots"),
+        ({"steps": -1}, ErrorKind.INVALID_ARGUMENT, "steps"),
+        ({"batch_size": -1}, ErrorKind.INVALID_ARGUMENT, "batch_size"),
+        ({"opt_lr": -0.1}, ErrorKind.INVALID_ARGUMENT, "lr"),
         ({"opt_lr": float("nan")}, ErrorKind.INVALID_ARGUMENT, "lr"),
         ({"opt_momentum": 1.0}, ErrorKind.INVALID_ARGUMENT, "momentum"),
         ({"opt_beta1": 0.9}, ErrorKind.INVALID_ARGUMENT, "do not apply to SGD"),
