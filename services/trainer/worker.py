@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
+from services.trainer import phases
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
 from stalwart import abft, sdc, training
@@ -217,14 +218,19 @@ class Worker:
 
     async def _pull_consistent(self, job: JobState, min_version: int) -> bool:
         """Pull until every shard group reports the same version (>= min_version)."""
+        started = time.perf_counter()
         while True:
             versions, tensors = await job.client.pull(job.job_id, job.version, min_version)
             if min(versions) == max(versions):
                 break
             min_version = max(versions)  # a commit landed on some groups only: catch up
+        pulled = time.perf_counter()
         await asyncio.get_running_loop().run_in_executor(
             None, training.load_params, job.model, tensors
         )
+        if self.current is not None and not self.current.standby:  # the step timeline
+            phases.observe("pull", started)
+            phases.PHASE_SECONDS.labels("load").observe(time.perf_counter() - pulled)
         job.version = versions[0]
         job.next_version = max(job.next_version, job.version)
         if job.version >= job.spec.steps:
@@ -246,14 +252,18 @@ class Worker:
         if not await self._pull(job.next_version) or job.finished:
             return
         step, started = job.version, time.monotonic()
+        computing = time.perf_counter()
         result = await asyncio.get_running_loop().run_in_executor(
             None, self._compute, job, slot, step
         )
+        phases.observe("compute", computing)
         if not await self._confirmed(job, step, slot, result.grads):
             await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
             return
+        pushing = time.perf_counter()
         if not await self._push(job, step, slot, result.grads):
             return
+        phases.observe("push", pushing)
         self.faults.after_push(step)
         job.next_version = step + 1
         seconds = time.monotonic() - started
