@@ -74,7 +74,9 @@ async def _job(local, client, spec, warmup: int, kill_at: int | None, timeout_s:
         if not await recorder.wait_step(spec.steps, timeout_s):
             raise TimeoutError(f"stalwart job at step {recorder.step} after {timeout_s:.0f}s")
         if kill_at is None:
-            out["phases_ms"] = steptimeline.per_step_ms(before, await steptimeline.scrape(local, spec))
+            out["phases_ms"] = steptimeline.per_step_ms(
+                before, await steptimeline.scrape(local, spec)
+            )
             out["steps_per_s"] = _steady(recorder, job.job_id, warmup, spec.steps)
         ps = await param_client(client, job.job_id, spec)
         try:
@@ -147,7 +149,7 @@ def run(
     ratio = round(s_rate / d_rate, 3) if s_rate and d_rate else None
     return {
         "workload": "digits-cnn width 16, 3 workers x 32 samples, SGD lr 0.05 momentum 0.9, "
-                    f"{steps} steps, CPU, 1 intra-op thread",
+        f"{steps} steps, CPU, 1 intra-op thread",
         "trials": trials,
         "steady_state": f"steps/s from the end of step {warmup} to the last step",
         "stalwart_steps_per_s": s_rate,
@@ -159,7 +161,9 @@ def run(
         "stalwart_steps_repeated": _median(ours, "steps_repeated"),
         "ddp_steps_repeated": _median(theirs, "steps_repeated"),
         "stalwart_bitwise_equal_to_fault_free": all(r["faulty_bitwise_equal"] for r in ours),
-        "stalwart_fault_free_bitwise_equal_to_reference": all(r["clean_bitwise_equal"] for r in ours),
+        "stalwart_fault_free_bitwise_equal_to_reference": all(
+            r["clean_bitwise_equal"] for r in ours
+        ),
         "ddp_bitwise_equal_to_fault_free": all(r["faulty_bitwise_equal"] for r in theirs),
         "stalwart_step_ms": steptimeline.median_phases([r["phases_ms"] for r in ours]),
         "stalwart_trials": ours,

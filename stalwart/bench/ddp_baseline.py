@@ -71,8 +71,9 @@ def _torchrun(folder: Path, world: int, ckpt_every: int, log, attempt: int) -> s
             f"--nproc-per-node={world}",
             "-m", "stalwart.bench.ddp_worker", "--dir", str(folder),
             "--ckpt-every", str(ckpt_every)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               STALWART_DDP_ATTEMPT=str(attempt))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", STALWART_DDP_ATTEMPT=str(attempt)
+    )
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)  # fmt: skip
 
