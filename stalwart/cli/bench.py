@@ -148,3 +148,18 @@ def _ddp_fields(result: dict) -> dict:
             "load_average_1m", "run_dir")  # fmt: skip
     phases = {f"step ms: {k}": v for k, v in result["stalwart_step_ms"].items()}
     return {k: result[k] for k in keep} | phases
+
+
+@app.command("exchange")
+def bench_exchange(
+    model_mib: int = typer.Option(64, min=4, help="float32 model size, MiB"),
+    repeats: int = typer.Option(5, min=1, help="timed steps after one warm-up"),
+    shard_groups: int = typer.Option(3, min=2, help="shard groups of the second measurement"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """One sync step's push + pull with 3 trainers vs a gloo all_reduce over 3 processes."""
+    from stalwart.bench import exchange  # torch import is slow: only when asked
+
+    with _status("all_reduce, then paramservers…", output):
+        result = exchange.run(model_mib, repeats, shard_groups)
+    emit_record(output, "sync exchange vs gloo all_reduce (same run)", result)
