@@ -4,13 +4,14 @@ ReplicaState and Replicator. Torch work runs off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
 import structlog
 
-from services.paramserver import metrics
+from services.paramserver import metrics, phases
 from services.paramserver.consistency import Verdict
 from services.paramserver.faults import Faults
 from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
@@ -272,6 +273,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     @metrics.counted_push
     async def Push(self, request_iterator, context):
         header = await _first(request_iterator, "push header")
+        received = time.perf_counter()
         self._client(header.epoch)
         job = self._job(header.job_id)
         structlog.contextvars.bind_contextvars(
@@ -301,6 +303,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             await self.replicator.finish_forwards(header.job_id, forwards)
         except Fenced as exc:
             raise self._fenced(exc) from None
+        phases.observe("receive", received)
         return await self._admit(job, header, assembler.payload_crc32c, grads, context)
 
     async def _admit(self, job: JobRuntime, header, crc: int, grads, context):
@@ -327,9 +330,11 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             job.model.stage(header.step, header.slot, crc, grads)
             entries = job.model.ready_entries(header.step, header.slot)
             if entries is not None:
-                version = await self._commit(job, entries)
+                phases.PHASE_SECONDS.labels("wait_slots").observe(0.0)
+                version = await phases.timed("commit", self._commit(job, entries))
                 return paramserver.PushResponse(version=version)
             waiter = job.future_for(header.step)
+        staged = time.perf_counter()
         try:
             version = await asyncio.wait_for(
                 asyncio.shield(waiter), max(deadline - asyncio.get_running_loop().time(), 0)
@@ -339,6 +344,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 ErrorKind.DEADLINE_EXCEEDED,
                 f"step {header.step} is still waiting for other slots; the push is kept, retry",
             ) from None
+        phases.observe("wait_slots", staged)
         return paramserver.PushResponse(version=version)
 
     def _raise_verdict(self, verdict: Verdict, job: JobRuntime, header) -> None:
@@ -375,8 +381,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         step = entries[0].step
         waiter = job.future_for(step)
         replicated, local = await asyncio.gather(
-            self.replicator.commit(job.model.job_id, job.model.version, entries),
-            _off_loop(job.model.apply, entries),
+            phases.timed(
+                "replicate", self.replicator.commit(job.model.job_id, job.model.version, entries)
+            ),
+            phases.timed("apply", _off_loop(job.model.apply, entries)),
             return_exceptions=True,
         )
         if not isinstance(local, BaseException):

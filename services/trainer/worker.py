@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
+from services.trainer import phases
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
 from stalwart import abft, schedule, sdc, training, usererrors
@@ -38,6 +39,10 @@ ABFT_RETRIES = 2  # recomputations after an ABFT mismatch before the step fails
 PUSH_CHECK_S = 0.2  # how often a pending push looks for a moved shard map
 RETRY_PAUSE_S = 0.2  # between attempts after an error that needs no backoff of its own
 USER_ERROR_PAUSE_S = 1.0  # before retrying a step whose user code raised
+# A warm standby refreshes its weights at most this often, not at every version: it
+# must not load the primary with a fourth pull per step. Taking over a slot pulls the
+# newest version anyway (one delta pull, milliseconds on the workloads measured).
+STANDBY_REFRESH_S = 1.0
 
 
 def _shape(a: coordinator.Assignment | None) -> tuple | None:
@@ -61,6 +66,7 @@ class JobState:
     next_version: int = 0  # version to wait for before the next step
     finished: bool = False
     registered: bool = False  # RegisterModel answered through the current client
+    prefetched: bool = False  # the model holds the version the last push committed
 
 
 class Worker:
@@ -187,7 +193,7 @@ class Worker:
             # rewound the version): follow whatever version they hold. A step
             # pushed already and pulled again is recomputed and answered as a
             # duplicate, so forgetting costs a full pull, never a double update.
-            job.version, job.next_version = -1, 0
+            job.version, job.next_version, job.prefetched = -1, 0, False
         if not job.registered:
             await self._register(job)
 
@@ -231,10 +237,11 @@ class Worker:
 
     # --- pulling ----------------------------------------------------------------------
 
-    async def _pull(self, min_version: int) -> bool:
-        """Bring the model to ``min_version`` or later; False if the assignment changed first."""
+    async def _pull(self, min_version: int, started: asyncio.Future | None = None) -> bool:
+        """Bring the model to ``min_version`` or later; False if the assignment changed first.
+        ``started``: a pull already under way (the prefetch of :meth:`_step`)."""
         job = self.job
-        pull = asyncio.ensure_future(self._pull_consistent(job, min_version))
+        pull = started or asyncio.ensure_future(self._pull_consistent(job, min_version))
         changed = asyncio.ensure_future(self.changed.wait())
         try:
             await asyncio.wait({pull, changed}, timeout=self.poll_s, return_when="FIRST_COMPLETED")
@@ -248,16 +255,21 @@ class Worker:
             return False
         return pull.result()
 
-    async def _pull_consistent(self, job: JobState, min_version: int) -> bool:
+    async def _pull_consistent(self, job: JobState, min_version: int, timed: bool = True) -> bool:
         """Pull until every shard group reports the same version (>= min_version)."""
+        started = time.perf_counter()
         while True:
             versions, tensors = await job.client.pull(job.job_id, job.version, min_version)
             if min(versions) == max(versions):
                 break
             min_version = max(versions)  # a commit landed on some groups only: catch up
+        pulled = time.perf_counter()
         await asyncio.get_running_loop().run_in_executor(
             None, training.load_params, job.model, tensors
         )
+        if timed and self.current is not None and not self.current.standby:  # step timeline
+            phases.observe("pull", started)
+            phases.PHASE_SECONDS.labels("load").observe(time.perf_counter() - pulled)
         job.version = versions[0]
         job.next_version = max(job.next_version, job.version)
         if job.version >= job.spec.steps:
@@ -270,23 +282,38 @@ class Worker:
 
     async def _follow(self) -> None:
         """Standby: keep the weights current without computing."""
-        await self._pull(self.job.version + 1)
+        if await self._pull(self.job.version + 1):
+            await self._wait_changed(STANDBY_REFRESH_S)
 
     # --- computing a step --------------------------------------------------------------
 
     async def _step(self, slot: int) -> None:
         job = self.job
-        if not await self._pull(job.next_version) or job.finished:
+        fresh, job.prefetched = job.prefetched, False
+        if (not fresh and not await self._pull(job.next_version)) or job.finished:
             return
         step, started = job.version, time.monotonic()
+        computing = time.perf_counter()
         result = await asyncio.get_running_loop().run_in_executor(
             None, self._compute, job, slot, step
         )
+        phases.observe("compute", computing)
         if not await self._confirmed(job, step, slot, result.grads):
             await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
             return
-        if not await self._push(job, step, slot, result.grads):
+        # The next version's pull goes out with the push: the primary holds it until
+        # the step commits and streams it at once, so no round trip follows the ack.
+        prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
+        pushing, pushed = time.perf_counter(), False
+        try:
+            pushed = await self._push(job, step, slot, result.grads)
+        finally:
+            if not pushed:  # failed or abandoned: drop the read-only pull
+                await _abandon(prefetch)
+        if not pushed:
             return
+        phases.observe("push", pushing)
+        acked = time.perf_counter()
         self.faults.after_push(step)
         job.next_version = step + 1
         seconds = time.monotonic() - started
@@ -294,6 +321,9 @@ class Worker:
         if self.on_step is not None:
             self.on_step(step)
         logger.debug("step pushed", job=job.job_id, step=step, slot=slot, loss=result.loss)
+        if await self._pull(step + 1, started=prefetch) and job.version == step + 1:
+            job.prefetched = True
+            phases.observe("pull", acked)  # from the ack until the next weights are loaded
 
     async def _push(self, job: JobState, step: int, slot: int, grads) -> bool:
         """Push to the end, unless the job's shard groups moved meanwhile (False).
@@ -349,3 +379,10 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
+
+
+async def _abandon(task: asyncio.Future) -> None:
+    """Cancel a pull and wait for it to stop (it must not load weights later)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, RpcError, StalwartError):
+        await task

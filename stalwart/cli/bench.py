@@ -119,3 +119,47 @@ def bench_sdc(
 
     result = sdc.main(steps, rounds, dup_every)
     emit_record(output, "silent-data-corruption defences (same run)", result)
+
+
+@app.command("ddp")
+def bench_ddp(
+    trials: int = typer.Option(3, min=1, help="runs of each side; figures are medians"),
+    steps: int = typer.Option(400, min=30, help="steps of the job (both sides)"),
+    warmup: int = typer.Option(20, min=1, help="steps before the steady-state clock starts"),
+    kill_at: int = typer.Option(150, min=1, help="step at which one worker is killed -9"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Steps/s, kill -9 recovery and bitwise checks: Stalwart's default local cluster vs
+    torchrun + DDP (gloo) on the same job, in the same run; and Stalwart's step timeline."""
+    from stalwart.bench import ddp  # torch import is slow: only when asked
+
+    if not warmup < kill_at < steps:
+        fail("need --warmup < --kill-at < --steps", ExitCode.INVALID_INPUT)
+    with _status("Stalwart cluster, then torchrun + DDP (minutes)…", output):
+        result = ddp.run(trials, steps, warmup, kill_at)
+    emit_record(output, "Stalwart vs torchrun + DDP (same run)", result, _ddp_fields)
+
+
+def _ddp_fields(result: dict) -> dict:
+    keep = ("stalwart_steps_per_s", "ddp_steps_per_s", "ratio", "goal",
+            "stalwart_kill_to_next_step_s", "ddp_kill_to_next_step_s",
+            "stalwart_steps_repeated", "ddp_steps_repeated",
+            "stalwart_bitwise_equal_to_fault_free", "ddp_bitwise_equal_to_fault_free",
+            "load_average_1m", "run_dir")  # fmt: skip
+    phases = {f"step ms: {k}": v for k, v in result["stalwart_step_ms"].items()}
+    return {k: result[k] for k in keep} | phases
+
+
+@app.command("exchange")
+def bench_exchange(
+    model_mib: int = typer.Option(64, min=4, help="float32 model size, MiB"),
+    repeats: int = typer.Option(5, min=1, help="timed steps after one warm-up"),
+    shard_groups: int = typer.Option(3, min=2, help="shard groups of the second measurement"),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """One sync step's push + pull with 3 trainers vs a gloo all_reduce over 3 processes."""
+    from stalwart.bench import exchange  # torch import is slow: only when asked
+
+    with _status("all_reduce, then paramservers…", output):
+        result = exchange.run(model_mib, repeats, shard_groups)
+    emit_record(output, "sync exchange vs gloo all_reduce (same run)", result)

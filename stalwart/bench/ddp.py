@@ -1,0 +1,177 @@
+"""``stalwart bench ddp``: the same training job through Stalwart and through torchrun + DDP.
+
+Workload (both sides): ``digits-cnn`` width 16 (conv 1->16->32, fc 512->128->10),
+3 data-parallel workers of 32 samples each, SGD lr 0.05 momentum 0.9, seed 0,
+CPU, one intra-op thread per process; gradients summed over workers.
+
+- Stalwart: one default local cluster (2 coordinators, a paramserver primary +
+  backup, 3 trainers + 1 warm standby) for all trials. Per trial a fault-free
+  job, then a job whose slot-1 trainer is killed -9 at step ``kill_at``
+  (:func:`stalwart.demo.run.inject`, recovery read as ``bench recovery``
+  reads it); the killed trainer is replaced by a new standby before the next
+  trial. Both jobs' final weights are compared bit for bit with
+  :func:`stalwart.training.reference_run`.
+- DDP: :mod:`stalwart.bench.ddp_baseline`, a fault-free run and a run with
+  rank 1 killed -9 at step ``kill_at``, checkpoints to /dev/shm every 10 steps;
+  the killed run is compared bit for bit with the fault-free one.
+
+Steady steps/s exclude start-up: the clock starts when step ``warmup`` is
+done (Stalwart: its STEP_COMMITTED event; DDP: rank 0's timestamp) and stops
+at the last step. Each figure is the median over ``trials``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from stalwart import cluster, training
+from stalwart.api import common, coordinator
+from stalwart.bench import ddp_baseline, steptimeline
+from stalwart.bench.recovery import _recovered
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.demo import report
+from stalwart.demo.run import inject
+from stalwart.demo.watch import EventRecorder, param_client, pull_weights
+from stalwart.models import default_spec
+
+GOAL = 1.0
+FAILURE_BELOW = 0.8
+
+
+def workload(steps: int, seed: int = 0) -> coordinator.JobSpec:
+    sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.05, momentum=0.9)
+    return default_spec("digits-cnn", model_args={"width": "16"}, num_slots=3, steps=steps,
+                        batch_size=32, seed=seed, optimizer=sgd)  # fmt: skip
+
+
+def _steady(recorder: EventRecorder, job_id: str, warmup: int, last: int) -> float:
+    times = {e.step: e.time for e in recorder.events
+             if e.kind == "STEP_COMMITTED" and e.job_id == job_id}  # fmt: skip
+    return (last - warmup) / (times[last] - times[warmup])
+
+
+async def _job(local, client, spec, warmup: int, kill_at: int | None, timeout_s: float) -> dict:
+    job = await client.create_job(spec)
+    recorder = EventRecorder(client, job.job_id)
+    watch = asyncio.create_task(recorder.run())
+    out: dict = {"job_id": job.job_id}
+    try:
+        if not await recorder.wait_step(warmup, timeout_s):
+            raise TimeoutError(f"stalwart job at step {recorder.step} after {timeout_s:.0f}s")
+        before = await steptimeline.scrape(local, spec)
+        if kill_at is not None:
+            await recorder.wait_step(kill_at, timeout_s)
+            fault = await inject("trainer", local, client, job.job_id, recorder)
+            rec = await _recovered(fault, recorder, 60)
+            out["recovery_s"], out["victim"] = rec.recovery_s, fault.target
+            out["steps_during"] = rec.steps_during
+        if not await recorder.wait_step(spec.steps, timeout_s):
+            raise TimeoutError(f"stalwart job at step {recorder.step} after {timeout_s:.0f}s")
+        if kill_at is None:
+            out["phases_ms"] = steptimeline.per_step_ms(
+                before, await steptimeline.scrape(local, spec)
+            )
+            out["steps_per_s"] = _steady(recorder, job.job_id, warmup, spec.steps)
+        ps = await param_client(client, job.job_id, spec)
+        try:
+            out["version"], out["weights"] = await pull_weights(ps, job.job_id, spec.steps)
+        finally:
+            await ps.close()
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+    return out
+
+
+async def _stalwart_trial(local, spec, warmup: int, kill_at: int, timeout_s: float):
+    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
+        clean = await _job(local, client, spec, warmup, None, timeout_s)
+        faulty = await _job(local, client, spec, warmup, kill_at, timeout_s)
+    return clean, faulty
+
+
+def _stalwart(spec, trials: int, warmup: int, kill_at: int, timeout_s: float, runs_root):
+    reference = training.reference_run(spec)
+    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=1, runs_root=runs_root))
+    rows = []
+    try:
+        asyncio.run(cluster.wait_healthy(local, 180))
+        for _ in range(trials):
+            clean, faulty = asyncio.run(_stalwart_trial(local, spec, warmup, kill_at, timeout_s))
+            rows.append({
+                "steps_per_s": clean["steps_per_s"],
+                "phases_ms": clean["phases_ms"],
+                "recovery_s": faulty.get("recovery_s"),
+                "steps_repeated": 0 if report.bitwise_equal(faulty["weights"], reference)[0] else None,
+                "clean_bitwise_equal": report.bitwise_equal(clean["weights"], reference)[0],
+                "faulty_bitwise_equal": report.bitwise_equal(faulty["weights"], reference)[0],
+            })  # fmt: skip
+            if faulty.get("victim"):
+                local.replace(faulty["victim"])  # back to 3 trainers + 1 standby
+                asyncio.run(cluster.wait_healthy(local, 180))
+    finally:
+        local.stop(timeout_s=10)
+    return rows, str(local.run_dir)
+
+
+def _ddp(spec, trials: int, warmup: int, kill_at: int, timeout_s: float) -> list[dict]:
+    rows = []
+    for _ in range(trials):
+        clean = ddp_baseline.run(spec, warmup, timeout_s=timeout_s)
+        faulty = ddp_baseline.run(spec, warmup, kill_at=kill_at, timeout_s=timeout_s)
+        equal, _ = report.bitwise_equal(faulty.weights, clean.weights)
+        rows.append({"steps_per_s": clean.steps_per_s, "recovery_s": faulty.recovery_s,
+                     "steps_repeated": faulty.steps_repeated, "faulty_bitwise_equal": equal})  # fmt: skip
+    return rows
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def run(
+    trials: int = 3, steps: int = 400, warmup: int = 20, kill_at: int = 150,
+    runs_root: Path = cluster.DEFAULT_RUNS_ROOT, timeout_s: float = 900.0,
+) -> dict:  # fmt: skip
+    training.make_deterministic(1)
+    spec = workload(steps)
+    started = time.monotonic()
+    ours, run_dir = _stalwart(spec, trials, warmup, kill_at, timeout_s, runs_root)
+    theirs = _ddp(spec, trials, warmup, kill_at, timeout_s)
+    s_rate, d_rate = _median(ours, "steps_per_s"), _median(theirs, "steps_per_s")
+    ratio = round(s_rate / d_rate, 3) if s_rate and d_rate else None
+    return {
+        "workload": "digits-cnn width 16, 3 workers x 32 samples, SGD lr 0.05 momentum 0.9, "
+        f"{steps} steps, CPU, 1 intra-op thread",
+        "trials": trials,
+        "steady_state": f"steps/s from the end of step {warmup} to the last step",
+        "stalwart_steps_per_s": s_rate,
+        "ddp_steps_per_s": d_rate,
+        "ratio": ratio,
+        "goal": f">= {GOAL} (below {FAILURE_BELOW} is a failure)",
+        "stalwart_kill_to_next_step_s": _median(ours, "recovery_s"),
+        "ddp_kill_to_next_step_s": _median(theirs, "recovery_s"),
+        "stalwart_steps_repeated": _median(ours, "steps_repeated"),
+        "ddp_steps_repeated": _median(theirs, "steps_repeated"),
+        "stalwart_bitwise_equal_to_fault_free": all(r["faulty_bitwise_equal"] for r in ours),
+        "stalwart_fault_free_bitwise_equal_to_reference": all(
+            r["clean_bitwise_equal"] for r in ours
+        ),
+        "ddp_bitwise_equal_to_fault_free": all(r["faulty_bitwise_equal"] for r in theirs),
+        "stalwart_step_ms": steptimeline.median_phases([r["phases_ms"] for r in ours]),
+        "stalwart_trials": ours,
+        "ddp_trials": theirs,
+        "kill_at_step": kill_at,
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "wall_s": round(time.monotonic() - started, 1),
+        "run_dir": run_dir,
+    }

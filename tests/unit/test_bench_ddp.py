@@ -1,0 +1,68 @@
+"""Pure parts of ``stalwart bench ddp``: reading the DDP progress file and the step timeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalwart.bench import ddp_baseline, steptimeline
+from stalwart.bench.ddp_baseline import DdpRun, Progress
+
+PAGE = """\
+# HELP stalwart_trainer_step_phase_seconds x
+# TYPE stalwart_trainer_step_phase_seconds summary
+stalwart_trainer_step_phase_seconds_count{phase="compute"} 10.0
+stalwart_trainer_step_phase_seconds_sum{phase="compute"} 0.5
+stalwart_trainer_step_phase_seconds_count{phase="push"} 10.0
+stalwart_trainer_step_phase_seconds_sum{phase="push"} 2.0
+# HELP stalwart_paramserver_push_phase_seconds x
+# TYPE stalwart_paramserver_push_phase_seconds summary
+stalwart_paramserver_push_phase_seconds_count{phase="apply"} 4.0
+stalwart_paramserver_push_phase_seconds_sum{phase="apply"} 0.04
+# HELP other_seconds x
+# TYPE other_seconds summary
+other_seconds_count 3.0
+other_seconds_sum 9.0
+"""
+
+
+def test_parse_keeps_only_the_phase_families():
+    got = steptimeline.parse(PAGE)
+    assert got == {
+        "trainer.compute": [0.5, 10.0],
+        "trainer.push": [2.0, 10.0],
+        "paramserver.apply": [0.04, 4.0],
+    }
+
+
+def test_per_step_ms_is_the_mean_over_the_window_only():
+    before = {"trainer.compute": [0.5, 10.0], "trainer.push": [2.0, 10.0]}
+    after = {"trainer.compute": [0.8, 20.0], "trainer.push": [2.0, 10.0]}
+    # compute: 0.3 s over 10 observations; push saw none in the window: left out
+    assert steptimeline.per_step_ms(before, after) == {"trainer.compute": 30.0}
+
+
+def test_median_phases_per_key():
+    rows = [
+        {"trainer.pull": 1.0},
+        {"trainer.pull": 3.0, "trainer.push": 5.0},
+        {"trainer.pull": 2.0},
+    ]
+    assert steptimeline.median_phases(rows) == {"trainer.pull": 2.0, "trainer.push": 5.0}
+
+
+def _progress(steps, t0: float, dt: float, restart: int = 0) -> list[Progress]:
+    return [Progress(s, t0 + i * dt, restart) for i, s in enumerate(steps)]
+
+
+def test_steady_rate_starts_at_the_warmup_step_of_the_first_attempt():
+    progress = _progress(range(0, 5), 0.0, 1.0) + _progress(range(5, 50), 100.0, 0.1)
+    # steps 10..49 (39 intervals) took 3.9 s; the slow start-up steps are left out
+    assert ddp_baseline.steady_steps_per_s(progress, 10) == pytest.approx(10.0)
+
+
+def test_recovery_counts_the_steps_done_again():
+    progress = _progress(range(0, 153), 0.0, 0.01) + _progress(range(150, 160), 20.0, 0.01, 1)
+    run = DdpRun(0.0, {}, progress, killed_at=1.6)
+    ddp_baseline._recovery(run)
+    assert run.recovery_s == pytest.approx(18.4)
+    assert run.steps_repeated == 3  # 150, 151, 152 were done before the kill and again after
