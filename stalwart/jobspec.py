@@ -191,6 +191,19 @@ MODEL_DEFAULTS: dict[str, dict] = {
     "embedding": dict(slots=2, steps=100, batch_size=64, optimizer="sgd", lr=1.0),
     "char-lm": dict(slots=2, steps=300, batch_size=16, optimizer="adamw", lr=3e-3),
 }
+# Defaults of a model past those five, as the JobSpec fields they fill when unset
+# (zero): char-lm is trained as small transformers are (AdamW, warmup + cosine,
+# clipping, two micro-batches).
+MODEL_EXTRAS: dict[str, coordinator.JobSpec] = {
+    "char-lm": coordinator.JobSpec(
+        micro_batches=2,
+        optimizer=common.OptimizerSpec(
+            weight_decay=0.01, beta2=0.95, clip_grad_norm=1.0,
+            schedule=common.LrSchedule(kind=common.LR_SCHEDULE_KIND_COSINE, warmup_steps=30,
+                                       final_lr_ratio=0.1),
+        ),
+    ),
+}  # fmt: skip
 # For user models ("package.module:function").
 FALLBACK_DEFAULTS = dict(slots=1, steps=100, batch_size=64, optimizer="adam", lr=1e-3)
 OPTIMIZER_KINDS = {
@@ -204,8 +217,9 @@ def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
     """A copy with the documented defaults filled in: the one place the coordinator applies them.
 
     A zero (proto3's "not set") num_slots, steps, batch_size, optimizer kind or
-    learning rate takes the model's default; an unspecified consistency mode is
-    SYNC; num_shards 0 is 1. Values that are set are left for validation.
+    learning rate takes the model's default, and so do the fields of its
+    MODEL_EXTRAS; an unspecified consistency mode is SYNC; num_shards 0 is 1.
+    Values that are set are left for validation.
     """
     out = coordinator.JobSpec()
     out.CopyFrom(spec)
@@ -224,5 +238,16 @@ def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
         out.consistency.mode = common.CONSISTENCY_MODE_SYNC
     if out.num_shards == 0:
         out.num_shards = 1
+    if out.model in MODEL_EXTRAS:
+        _fill_unset(out, MODEL_EXTRAS[out.model])
     out.optimizer.CopyFrom(schedule.resolved(out.optimizer, out.steps))
     return out
+
+
+def _fill_unset(out, defaults) -> None:
+    """Set each field ``defaults`` sets where ``out`` still has proto3's zero value."""
+    for field, value in defaults.ListFields():
+        if field.message_type is not None:
+            _fill_unset(getattr(out, field.name), value)
+        elif not getattr(out, field.name):
+            setattr(out, field.name, value)

@@ -18,7 +18,7 @@ from prometheus_client import Counter, Gauge
 from services.health.alerts import AlertLog
 from services.health.fleet import Assessment, Fleet
 from services.health.settings import HealthSettings
-from stalwart import paging
+from stalwart import limits, paging
 from stalwart.api import health, health_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import rpc_handler
@@ -128,6 +128,10 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
     async def RaiseAlert(self, request, context):
         if not request.node_id:
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "node_id is required")
+        limits.check_string("node_id", request.node_id, limits.MAX_ID)
+        limits.check_string("message", request.message, limits.MAX_REASON)
+        if request.kind not in health.AlertKind.values():
+            raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"unknown alert kind {request.kind}")
         now = time.time()
         kind = request.kind or health.ALERT_KIND_DATA_CORRUPTION
         if kind == health.ALERT_KIND_DATA_CORRUPTION:

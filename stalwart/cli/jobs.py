@@ -34,16 +34,8 @@ app.command("export")(export_cmd.export)
 # That module imports no torch, so submitting a job stays fast.
 BUILTIN_DEFAULTS: dict[str, dict] = {k: dict(v) for k, v in jobspec.MODEL_DEFAULTS.items()}
 FALLBACK = jobspec.FALLBACK_DEFAULTS
-# char-lm's defaults past those five, as JobSpec fields (protobuf only: still no torch);
-# stalwart.models.registry.default_spec has the same ones.
-BUILTIN_DEFAULTS["char-lm"]["spec"] = coordinator.JobSpec(
-    micro_batches=2,
-    optimizer=common.OptimizerSpec(
-        weight_decay=0.01, beta2=0.95, clip_grad_norm=1.0,
-        schedule=common.LrSchedule(kind=common.LR_SCHEDULE_KIND_COSINE, warmup_steps=30,
-                                   final_lr_ratio=0.1),
-    ),
-)  # fmt: skip
+for _model, _extras in jobspec.MODEL_EXTRAS.items():
+    BUILTIN_DEFAULTS[_model]["spec"] = _extras
 
 FINISHED = {
     coordinator.JOB_STATE_SUCCEEDED,

@@ -15,8 +15,12 @@ from stalwart.reflection import SymbolPool
 @pytest.mark.parametrize("model", [*sorted(jobspec.MODEL_DEFAULTS), "pkg.mod:build"])
 def test_an_empty_spec_gets_what_the_cli_would_send(model):
     got = jobspec.normalized(coordinator.JobSpec(model=model))
-    want = build_spec(model, None, None, None, 0, None, None, 0.0, 0.0, "sync", 0, 1, [])
-    assert got == want
+    sent = build_spec(model, None, None, None, 0, None, None, 0.0, None, "sync", 0, 1, [])
+    # what the coordinator makes of the CLI's spec (it also resolves the schedule)
+    assert got == jobspec.normalized(sent)
+    for field in ("num_slots", "steps", "batch_size", "micro_batches", "num_shards"):
+        assert getattr(got, field) == getattr(sent, field), field
+    assert (got.optimizer.kind, got.optimizer.lr) == (sent.optimizer.kind, sent.optimizer.lr)
 
 
 def test_fields_that_are_set_are_kept():
