@@ -5,7 +5,8 @@ Accepted documents (each the ``--output json`` of its command):
 - ``stalwart bench recovery``: ``kill_to_next_commit.{trainer,paramserver,coordinator}.median_s``
   and ``...trainer.median_detection_s``.
 - ``stalwart bench ddp``: ``ratio`` (or ``throughput_ratio``): Stalwart's throughput over a
-  plain DDP run; ``ddp_recovery_s`` (or ``ddp_restart_s``): DDP's restart time, measured.
+  plain DDP run; ``ddp_kill_to_next_step_s`` (what the bench prints; or ``ddp_recovery_s``,
+  ``ddp_restart_s``): DDP's restart time, measured.
 - ``stalwart bench overhead``: ``ratio``, used for the throughput ratio when no ddp JSON is given.
 - ``stalwart bench ckpt``: ``backends.<store>.stall.stall_fraction`` and
   ``backends.<store>.restore_vs_raw_get`` (store ``shm`` unless told).
@@ -112,7 +113,7 @@ def load(recovery: Path | None = None, ddp: Path | None = None, overhead: Path |
         sources["overhead"] = str(overhead)
     if (doc := _read(ddp)) is not None:
         ratio = _first(doc, ("ratio", "throughput_ratio"), ddp)
-        restart = _first(doc, ("ddp_recovery_s", "ddp_restart_s"), ddp)
+        restart = _first(doc, ("ddp_kill_to_next_step_s", "ddp_recovery_s", "ddp_restart_s"), ddp)
         sources["ddp"] = sources["overhead"] = str(ddp)
     if (doc := _read(ckpt)) is not None:
         stall = _get(doc, f"backends.{ckpt_store}.stall.stall_fraction", ckpt)
