@@ -56,7 +56,7 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
         assert data["epoch"] >= 1 and data["leader_address"] in state["coordinators"]
         assert sum(r["is_leader"] for r in data["replicas"]) == 1
         assert any(j["job_id"] == job["job_id"] for j in data["jobs"])
-        assert len(data["nodes"]) == 4  # primary, backup, 2 trainers
+        assert len(data["nodes"]) == 5  # primary, backup, warm spare, 2 trainers
 
         table = stalwart("jobs", *target)
         assert table.returncode == 0 and job["job_id"] in table.stdout
