@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,15 +24,20 @@ from stalwart.api import common, coordinator
 from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
+from stalwart.procs import start_service
 from tests.helpers import PRELOAD
 
 
 @contextmanager
 def live_cluster(run_dir: Path, name: str) -> Iterator[cluster.LocalCluster]:
     where = run_dir / name
+    # the coordination store in memory, as the other cluster tests have it (not on disk)
+    store = tempfile.mkdtemp(
+        prefix="stalwart-clients-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
     config = cluster.ClusterConfig(
         trainers=1, standbys=0, shards=1, backups=1, coordinators=2,
-        store_url=f"shm://{where / 'store'}", run_dir=where, preload_services=PRELOAD,
+        store_url=f"shm://{store}", run_dir=where, preload_services=PRELOAD,
     )  # fmt: skip
     started = cluster.start(config)
     try:
@@ -37,6 +45,20 @@ def live_cluster(run_dir: Path, name: str) -> Iterator[cluster.LocalCluster]:
         yield started
     finally:
         started.stop()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+@contextmanager
+def standalone_paramserver(run_dir: Path, name: str) -> Iterator[str]:
+    """A lone paramserver primary (no coordinator, no backup): it takes a model for any
+    job id, which a raw register/push/pull round trip needs. One started with
+    --coordinator refuses jobs its coordinator never admitted."""
+    proc = start_service("services.paramserver", ["--role", "primary", "--metrics-port", "-1"],
+                         run_dir, name, timeout=180, preload=PRELOAD)  # fmt: skip
+    try:
+        yield proc.address
+    finally:
+        proc.terminate(timeout=10)
 
 
 async def _python_pull(addresses: list[str], job_id: str) -> dict[str, tuple[str, list, bytes]]:

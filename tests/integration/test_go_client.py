@@ -2,8 +2,9 @@
 
 Builds clients/go (generate.sh: protoc-gen-go and protoc-gen-go-grpc from the Go
 module proxy, driven by grpc_tools.protoc), starts a local cluster (two
-coordinators, a paramserver group, a trainer), and runs `go test ./...` with
-STALWART_PARAMSERVER and STALWART_COORDINATOR pointing at it, under
+coordinators, a paramserver group, a trainer) and a lone paramserver for the raw
+round trip, and runs `go test ./...` with STALWART_PARAMSERVER and
+STALWART_COORDINATOR pointing at them, under
 STALWART_REQUIRE_BACKENDS=1 so no Go test may skip. One Go test runs a job to
 the end and writes its final weights; they must equal the Python client's pull,
 bitwise. Skips when no Go toolchain is installed.
@@ -19,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.clients_live import assert_same_weights, live_cluster
+from tests.integration.clients_live import (
+    assert_same_weights,
+    live_cluster,
+    standalone_paramserver,
+)
 
 GO_DIR = Path(__file__).resolve().parents[2] / "clients" / "go"
 
@@ -48,11 +53,14 @@ def go_client() -> Path:
 
 @pytest.mark.timeout(1200)
 def test_go_client_against_live_services(go_client: Path, run_dir: Path) -> None:
-    with live_cluster(run_dir, "go-client") as cluster:
+    with (
+        live_cluster(run_dir, "go-client") as cluster,
+        standalone_paramserver(run_dir, "go-client-ps") as lone_paramserver,
+    ):
         coordinators = cluster.coordinator_addresses
         dump = run_dir / "go-client-weights.json"
         env = _go_env(
-            STALWART_PARAMSERVER=cluster.paramserver_addresses(0)[0],
+            STALWART_PARAMSERVER=lone_paramserver,
             STALWART_COORDINATOR=",".join(coordinators),
             STALWART_WEIGHTS_OUT=str(dump),
             STALWART_REQUIRE_BACKENDS="1",

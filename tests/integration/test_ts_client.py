@@ -66,7 +66,8 @@ def test_ts_client_runs_a_job_and_pulls_the_python_clients_weights(ts_client, ru
             STALWART_COORDINATOR=",".join(addresses), STALWART_WEIGHTS_OUT=str(dump),
         )  # fmt: skip
         out = result.stdout
-        assert "nodes: 3 " in out and "NODE_ROLE_TRAINER" in out, out
+        # primary, backup and warm spare, and the trainer
+        assert "nodes: 4 " in out and "NODE_ROLE_TRAINER" in out, out
         assert "finished: JOB_STATE_SUCCEEDED" in out, out
         job_id = assert_same_weights(dump, addresses)
         job = finished_job(addresses, job_id)

@@ -63,8 +63,33 @@ export class Coordinator {
     return client;
   }
 
-  /** One unary call, following NOT_LEADER hints and skipping replicas that are down. */
+  /**
+   * One unary call, following NOT_LEADER hints and skipping replicas that are down.
+   * While no replica leads (NOT_LEADER with no leader named, or every replica
+   * down: an election in progress) the call is tried again, for up to
+   * opts.retryForMs (default 15 s), as coordinator.proto asks of clients.
+   */
   async call<Req, Res>(pick: (c: CoordinatorServiceClient) => Unary<Req, Res>, request: Req): Promise<Res> {
+    const until = Date.now() + (this.opts.retryForMs ?? 15_000);
+    let pauseMs = 50;
+    for (;;) {
+      try {
+        return await this.callOnce(pick, request);
+      } catch (err) {
+        if (!transient(err) || Date.now() > until) {
+          throw err;
+        }
+      }
+      await new Promise((r) => setTimeout(r, pauseMs));
+      pauseMs = Math.min(2 * pauseMs, 1000);
+    }
+  }
+
+  /** One pass over the replicas: the leader first, then each hint and address once. */
+  private async callOnce<Req, Res>(
+    pick: (c: CoordinatorServiceClient) => Unary<Req, Res>,
+    request: Req,
+  ): Promise<Res> {
     const tried = new Set<string>();
     const queue = [this.leader, ...this.addresses];
     let last: unknown = new Error("no coordinator replica to call");

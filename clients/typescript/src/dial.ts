@@ -9,6 +9,8 @@ export interface Options {
   token?: string;
   /** Deadline of one unary call, milliseconds (default 30 s). Every call has one. */
   callTimeoutMs?: number;
+  /** How long a coordinator call is retried while no replica leads (default 15 s). */
+  retryForMs?: number;
 }
 
 export const DEFAULT_CALL_TIMEOUT_MS = 30_000;
