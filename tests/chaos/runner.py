@@ -14,16 +14,14 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from stalwart import cluster
 from stalwart.api import coordinator, paramserver, paramserver_grpc
 from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo.run import FINISHED, pick_target
-from stalwart.demo.timeline import Ev
 from stalwart.demo.watch import EventRecorder, param_client, pull_weights
 from tests.chaos.schedule import Fault
+from tests.integration.cluster import support
 
 HEALTHY_WITHIN_S = 120.0
 STALL_S = 90.0  # no step for this long: the job is stuck, not slow
@@ -37,11 +35,9 @@ class Applied:
 
 
 @dataclass
-class Outcome:
-    job: coordinator.Job
-    events: list[Ev]
-    weights: dict[str, torch.Tensor]
-    version: int
+class Outcome(support.Outcome):
+    """The cluster tests' outcome of a job, with the faults that were applied."""
+
     applied: list[Applied] = field(default_factory=list)
 
 
@@ -71,7 +67,7 @@ async def run(local: cluster.LocalCluster, spec, faults: list[Fault]) -> Outcome
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watch
-    return Outcome(job, list(recorder.events), weights, version, applied)
+    return Outcome(job, list(recorder.events), weights, version, applied=applied)
 
 
 async def _apply(local, client, job_id, recorder, fault: Fault, applied: list[Applied]) -> None:
