@@ -20,10 +20,7 @@ import pytest
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2
 
-import stalwart.v1.coordinator_pb2
-import stalwart.v1.health_pb2
-import stalwart.v1.paramserver_pb2
-import stalwart.v1.trainer_pb2  # noqa: F401  (the files our servers serve)
+import stalwart.api  # noqa: F401  (loads the files our servers serve into the default pool)
 from stalwart.procs import ServiceProcess, start_service
 from tests.helpers import PRELOAD
 

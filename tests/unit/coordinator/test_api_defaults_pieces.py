@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import stalwart.v1.coordinator_pb2  # noqa: F401  (loads the file into the default pool)
 from services.coordinator.shardpieces import pieces_of
 from stalwart import jobspec, shardmap
 from stalwart.api import common, coordinator
