@@ -25,7 +25,7 @@ from tests.integration.paramserver.support import (
     stubs,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(480)
 
 SLOTS = 3
 STEPS = 12
@@ -84,7 +84,8 @@ async def test_kill_primary_mid_stream_every_acked_push_applied_once(launcher) -
             finally:
                 await client.close()
 
-        await asyncio.wait_for(asyncio.gather(*(trainer(s) for s in range(SLOTS))), 90)
+        # generous: a bound against a hang, not a timing check (a loaded machine is slow)
+        await asyncio.wait_for(asyncio.gather(*(trainer(s) for s in range(SLOTS))), 360)
         await admin.close()
 
         assert len(kills) == 1 and failover_done.is_set()
