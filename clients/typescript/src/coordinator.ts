@@ -125,26 +125,30 @@ export class Coordinator {
 
   /** Every node, all pages. */
   async listNodes(): Promise<Node[]> {
-    const nodes: Node[] = [];
-    let pageToken = "";
-    do {
+    return this.allPages(async (pageToken) => {
       const page = await this.call((c) => c.listNodes, { pageSize: 100, pageToken, role: 0 });
-      nodes.push(...page.nodes);
-      pageToken = page.nextPageToken;
-    } while (pageToken);
-    return nodes;
+      return [page.nodes, page.nextPageToken];
+    });
   }
 
   /** Every job, newest first, all pages. */
   async listJobs(): Promise<Job[]> {
-    const jobs: Job[] = [];
+    return this.allPages(async (pageToken) => {
+      const page = await this.call((c) => c.listJobs, { pageSize: 100, pageToken, state: 0 });
+      return [page.jobs, page.nextPageToken];
+    });
+  }
+
+  /** Follows opaque page tokens until the last page. */
+  private async allPages<T>(fetch: (pageToken: string) => Promise<[T[], string]>): Promise<T[]> {
+    const items: T[] = [];
     let pageToken = "";
     do {
-      const page = await this.call((c) => c.listJobs, { pageSize: 100, pageToken, state: 0 });
-      jobs.push(...page.jobs);
-      pageToken = page.nextPageToken;
+      const [page, next] = await fetch(pageToken);
+      items.push(...page);
+      pageToken = next;
     } while (pageToken);
-    return jobs;
+    return items;
   }
 
   /**
