@@ -15,13 +15,12 @@ whose message says in one line where to get it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from stalwart.datadir import data_dir
 
 _SOURCES = {
     "smd": "NetManAIOps/OmniAnomaly ServerMachineDataset (labels) + zhhlee/InterFusion data/processed (metrics)",
@@ -32,12 +31,6 @@ _SOURCES = {
 
 class DatasetMissing(FileNotFoundError):
     """A data set is not on disk; the message says where to get it."""
-
-
-def data_dir() -> Path:
-    """Root of the shared data sets: $STALWART_DATA_DIR, else ../shared/data beside the repo."""
-    env = os.environ.get("STALWART_DATA_DIR")
-    return Path(env) if env else (REPO_ROOT.parent / "shared" / "data")
 
 
 def _folder(name: str) -> Path:
@@ -144,8 +137,22 @@ def load_cmapss(horizon: float = 30.0) -> PredictionSet:
     names = ["unit", "cycle", "op1", "op2", "op3"] + [f"s{i}" for i in range(1, 22)]
     # Only the 14 sensors that move in FD001: the others (op settings, s1, s5, s6, s10,
     # s16, s18, s19) are constant up to rounding under its single operating condition.
-    informative = ["s2", "s3", "s4", "s7", "s8", "s9", "s11", "s12", "s13", "s14", "s15",
-                   "s17", "s20", "s21"]
+    informative = [
+        "s2",
+        "s3",
+        "s4",
+        "s7",
+        "s8",
+        "s9",
+        "s11",
+        "s12",
+        "s13",
+        "s14",
+        "s15",
+        "s17",
+        "s20",
+        "s21",
+    ]
     keep = np.array([names.index(c) for c in informative])
     return PredictionSet(
         name="cmapss",

@@ -19,28 +19,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from stalwart.datadir import data_dir
 from stalwart.sim import published
 
 NAME = "infinitehbd-fault-trace"
 SOURCE = "github.com/stepfun-ai/InfiniteHBD-Trace (fault_trace.json)"
 SERVERS = 400
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class TraceMissing(FileNotFoundError):
     """The trace is not on disk; the message says where to get it."""
-
-
-def data_dir() -> Path:
-    """Root of the shared data sets: $STALWART_DATA_DIR, else ../shared/data beside the repo."""
-    env = os.environ.get("STALWART_DATA_DIR")
-    return Path(env) if env else (REPO_ROOT.parent / "shared" / "data")
 
 
 @dataclass(frozen=True)
