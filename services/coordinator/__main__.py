@@ -55,7 +55,7 @@ async def run(settings: CoordinatorSettings) -> None:
         store = await asyncio.to_thread(open_store, settings.store_url)
     except StalwartError as exc:
         raise ConfigError(f"cannot open the store: {exc}") from exc
-    state = StateStore(store, settings.store_prefix)
+    state = StateStore(store, settings.store_prefix, settings.request_retention_seconds)
     leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
     control = Control(settings, state, leader)
     token = settings.node_token.get_secret_value() or None

@@ -63,6 +63,10 @@ class CoordinatorSettings(ServiceSettings):
     group are warm spares: one is installed as backup in the place of a backup that
     died or stopped answering polls. 0: every live replica is a backup."""
 
+    request_retention_seconds: float = Field(default=24 * 3600.0, gt=0)
+    """How long a mutating call's request id is remembered: a retry within it gets the
+    first call's answer; after it, the id and its answer are deleted from the store."""
+
     store_timeout_seconds: float = Field(default=2.0, gt=0)
     """Longest one store operation may take before it counts as failed."""
 

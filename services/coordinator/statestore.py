@@ -12,6 +12,9 @@ Keys (under an optional prefix, so several clusters can share one store):
     requests/<hash>         job id admitted for a CreateJob request id
     answers/<hash>          what another mutating call answered for its request id
                             (a job, node or checkpoint id, an epoch): a retry gets it
+                            (both prefixed "<unix seconds>\n" and deleted once older
+                            than the retention, so retries are honoured for a day by
+                            default and the keys do not pile up forever)
     events/<sequence>       serialized stalwart.v1.Event, the newest N kept
 
 Fencing: a new leader raises ``coordinator/epoch`` to its own epoch (CAS, never
@@ -28,12 +31,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Callable
 
 from stalwart.api import common, coordinator
 from stalwart.stores import Store
 
 LEASE_NAME = "coordinator/leader"
 EPOCH_KEY = "coordinator/epoch"
+REQUEST_RETENTION_S = 24 * 3600.0  # how long a request id's answer is kept for retries
+TRIM_EVERY = 100  # request-id writes between two sweeps of expired ones
 
 
 class Fenced(Exception):
@@ -46,9 +53,18 @@ class Fenced(Exception):
 
 
 class StateStore:
-    def __init__(self, store: Store, prefix: str = "") -> None:
+    def __init__(
+        self,
+        store: Store,
+        prefix: str = "",
+        retention_s: float = REQUEST_RETENTION_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.retention_s = retention_s
+        self.clock = clock  # wall clock: the stamps outlive this process
+        self._writes_since_trim = 0
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -114,23 +130,42 @@ class StateStore:
 
     def put_request(self, epoch: int, request_id: str, job_id: str) -> str:
         """Remember which job a request admitted; returns the job id stored first."""
-        self.check(epoch)
-        key = self.key(f"requests/{_hash(request_id)}")
-        if self.store.kv_cas(key, None, job_id.encode()):
-            return job_id
-        return (self.store.kv_get(key) or job_id.encode()).decode()
+        stored = self._remember_once(epoch, f"requests/{_hash(request_id)}", job_id.encode())
+        return stored.decode()
 
     def put_answer(self, epoch: int, key: str, value: bytes) -> bytes:
         """Remember what the call ``key`` (method and request id) answered; returns the
         value stored first (a concurrent retry may have won)."""
-        self.check(epoch)
-        name = self.key(f"answers/{_hash(key)}")
-        if self.store.kv_cas(name, None, value):
-            return value
-        return self.store.kv_get(name) or value
+        return self._remember_once(epoch, f"answers/{_hash(key)}", value)
 
     def answer(self, key: str) -> bytes | None:
-        return self.store.kv_get(self.key(f"answers/{_hash(key)}"))
+        return self._recall(f"answers/{_hash(key)}")
+
+    def _remember_once(self, epoch: int, name: str, value: bytes) -> bytes:
+        self.check(epoch)
+        self._writes_since_trim += 1
+        if self._writes_since_trim >= TRIM_EVERY:
+            self._writes_since_trim = 0
+            self.trim_request_ids()
+        key = self.key(name)
+        if self.store.kv_cas(key, None, _stamp(self.clock(), value)):
+            return value
+        return self._recall(name) or value
+
+    def _recall(self, name: str) -> bytes | None:
+        raw = self.store.kv_get(self.key(name))
+        return None if raw is None else _unstamp(raw)[1]
+
+    def trim_request_ids(self) -> int:
+        """Delete request ids (and their answers) older than the retention; returns how
+        many. A retry after that runs again, as with any idempotency-key service."""
+        cutoff = self.clock() - self.retention_s
+        deleted = 0
+        for prefix in ("requests/", "answers/"):
+            for key, raw in self.store.kv_list(self.key(prefix)).items():
+                if _unstamp(raw)[0] < cutoff and self.store.kv_delete(key):
+                    deleted += 1
+        return deleted
 
     def append_events(self, epoch: int, events: list[common.Event], keep: int) -> None:
         self.check(epoch)
@@ -147,7 +182,7 @@ class StateStore:
     # --- reads ---------------------------------------------------------------------
 
     def request_job(self, request_id: str) -> str | None:
-        raw = self.store.kv_get(self.key(f"requests/{_hash(request_id)}"))
+        raw = self._recall(f"requests/{_hash(request_id)}")
         return raw.decode() if raw else None
 
     def jobs(self) -> list[coordinator.Job]:
@@ -180,6 +215,16 @@ class StateStore:
 def _hash(request_id: str) -> str:
     # Request ids come from clients: hash them into the store's key alphabet.
     return hashlib.sha256(request_id.encode()).hexdigest()[:40]
+
+
+def _stamp(at: float, value: bytes) -> bytes:
+    return f"{int(at)}\n".encode() + value
+
+
+def _unstamp(raw: bytes) -> tuple[float, bytes]:
+    """(written at, value) of a stamped record."""
+    at, _, value = raw.partition(b"\n")
+    return float(at), value
 
 
 def _parse(cls, raw: bytes):

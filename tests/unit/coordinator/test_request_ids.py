@@ -101,3 +101,36 @@ def test_the_lease_is_renewed_while_the_event_loop_is_blocked(tmp_path):
         task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_request_ids_are_honoured_within_the_retention_and_deleted_after_it(tmp_path):
+    now = [1_000_000.0]
+    state = StateStore(open_store(f"shm://{tmp_path}/state"), "t", retention_s=60.0,
+                       clock=lambda: now[0])  # fmt: skip
+    state.take_over(1)
+    assert state.put_request(1, "create-a", "job-a") == "job-a"
+    assert state.put_request(1, "create-a", "job-other") == "job-a"  # the first one stays
+    assert state.put_answer(1, "Drain/r1", b"node-7\nwith a newline") == b"node-7\nwith a newline"
+    now[0] += 30.0
+    assert state.trim_request_ids() == 0
+    assert state.request_job("create-a") == "job-a"
+    assert state.answer("Drain/r1") == b"node-7\nwith a newline"
+    state.put_answer(1, "Drain/r2", b"node-8")  # younger: survives the next sweep
+    now[0] += 31.0
+    assert state.trim_request_ids() == 2
+    assert state.request_job("create-a") is None
+    assert state.answer("Drain/r1") is None
+    assert state.answer("Drain/r2") == b"node-8"
+
+
+def test_request_id_writes_sweep_expired_ones_now_and_then(tmp_path):
+    now = [0.0]
+    state = StateStore(open_store(f"shm://{tmp_path}/state"), "t", retention_s=10.0,
+                       clock=lambda: now[0])  # fmt: skip
+    state.take_over(1)
+    state.put_answer(1, "old", b"x")
+    now[0] = 100.0
+    for i in range(200):  # enough writes for at least one sweep
+        state.put_answer(1, f"new-{i}", b"y")
+    assert state.answer("old") is None
+    assert state.answer("new-199") == b"y"
