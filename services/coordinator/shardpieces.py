@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 import grpc
@@ -19,6 +20,7 @@ from stalwart.errors import ErrorKind, StalwartError
 
 _ROWS = re.compile(r"(?P<tensor>.+)#rows=(?P<start>\d+):(?P<end>\d+)")
 FINGERPRINT_TIMEOUT_S = 10.0
+NAMES_CACHED = 1024  # (job, shard, primary) answers kept; the oldest go first
 
 
 def piece_of(name: str, shard: int) -> common.ShardPiece:
@@ -43,6 +45,9 @@ class ShardPieces:
 
     def __init__(self, stub: Callable[[str], object]) -> None:
         self._stub = stub
+        # A job's parameter names never change once its model is registered, and
+        # GetFingerprint hashes the whole state to answer: ask each primary once.
+        self._names_seen: OrderedDict[tuple[str, int, str], list[str]] = OrderedDict()
 
     async def pieces(self, job_id: str, primaries: Mapping[int, str]) -> list[common.ShardPiece]:
         """Empty while the job's model is not registered yet (no primary knows the job).
@@ -58,6 +63,18 @@ class ShardPieces:
     async def _names(self, job_id: str, shard: int, address: str) -> list[str] | None:
         if not address:
             raise StalwartError(ErrorKind.UNAVAILABLE, f"shard group {shard} has no primary")
+        key = (job_id, shard, address)
+        if key in self._names_seen:
+            self._names_seen.move_to_end(key)
+            return self._names_seen[key]
+        names = await self._ask_names(job_id, shard, address)
+        if names is not None:
+            self._names_seen[key] = names
+            if len(self._names_seen) > NAMES_CACHED:
+                self._names_seen.popitem(last=False)
+        return names
+
+    async def _ask_names(self, job_id: str, shard: int, address: str) -> list[str] | None:
         request = paramserver.GetFingerprintRequest(job_id=job_id)
         try:
             answer = await self._stub(address).GetFingerprint(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
 import pytest
 
-from services.coordinator.shardpieces import pieces_of
+from services.coordinator.shardpieces import ShardPieces, pieces_of
 from stalwart import jobspec, shardmap
-from stalwart.api import common, coordinator
+from stalwart.api import common, coordinator, paramserver
 from stalwart.cli.jobs import build_spec
 from stalwart.reflection import SymbolPool
 
@@ -86,3 +89,34 @@ def test_corruption_kind_missing_or_unknown_is_invalid(fields):
     with pytest.raises(StalwartError) as info:
         _kind_of(coordinator.ReportCorruptionRequest(**fields))
     assert info.value.kind is ErrorKind.INVALID_ARGUMENT
+
+
+class _NotRegistered(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.NOT_FOUND
+
+
+def test_piece_names_are_asked_once_per_primary_and_not_cached_before_registration():
+    asked: list[str] = []
+    registered = {"a:1": False, "b:2": True}
+
+    class Stub:
+        def __init__(self, address):
+            self.address = address
+
+        async def GetFingerprint(self, request, timeout):
+            asked.append(self.address)
+            if not registered[self.address]:
+                raise _NotRegistered()
+            return paramserver.GetFingerprintResponse(
+                tensors=[paramserver.TensorFingerprint(name="w", kind="param")]
+            )
+
+    pieces = ShardPieces(Stub)
+    assert asyncio.run(pieces.pieces("j", {0: "a:1"})) == []  # not registered yet
+    registered["a:1"] = True
+    first = asyncio.run(pieces.pieces("j", {0: "a:1"}))
+    assert [p.piece_name for p in first] == ["w"]
+    assert asyncio.run(pieces.pieces("j", {0: "a:1"})) == first
+    assert asyncio.run(pieces.pieces("j", {0: "b:2"})) == first  # a new primary is asked
+    assert asked == ["a:1", "a:1", "b:2"]
