@@ -127,4 +127,6 @@ def describe_rule(spec: coordinator.JobSpec) -> str:
         parts.append(f"clip-value={opt.clip_grad_value:g}")
     if spec.micro_batches > 1:
         parts.append(f"micro-batches={spec.micro_batches}")
+    if spec.eval_every:
+        parts.append(f"eval-every={spec.eval_every}")
     return "".join(" " + p for p in parts)

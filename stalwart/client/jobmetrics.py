@@ -1,0 +1,119 @@
+"""Reading a job's metric history (losses per step and slot, evaluations) from Python.
+
+The history lives on the job's first shard group (ParamServerService.
+ListJobMetrics); :class:`JobMetricsReader` finds it through the coordinator,
+reads it page by page and follows it: :meth:`JobMetricsReader.new_records`
+returns what was recorded since the last call. Each record is returned once,
+even across a paramserver failover, whose new primary numbers its history
+anew (docs/models.md, "Evaluation and metrics").
+"""
+
+from __future__ import annotations
+
+import collections
+
+from stalwart.api import paramserver
+from stalwart.channel import open_channel
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.paramserver import ShardGroupClient
+from stalwart.errors import ErrorKind, RpcError, StalwartError
+
+PAGE_SIZE = 1000
+# Keys of the records returned, for de-duplication after a failover: a replica
+# keeps at most 20000 records per job, so remembering more than that is enough.
+SEEN_KEYS = 50_000
+
+
+def record_key(record: paramserver.MetricRecord) -> tuple:
+    """What a record describes, the same on every replica."""
+    if record.WhichOneof("record") == "loss":
+        return ("loss", record.loss.step, record.loss.slot)
+    return ("eval", record.evaluation.version)
+
+
+class JobMetricsReader:
+    """Follows one job's metric history; use as ``async with``."""
+
+    def __init__(self, client: CoordinatorClient, job_id: str, call_timeout_s: float = 10.0):
+        self.client = client
+        self.job_id = job_id
+        self.call_timeout_s = call_timeout_s
+        self._group: ShardGroupClient | None = None
+        self._group_key: tuple = ()
+        self._history_id = ""
+        self._after = 0
+        self._seen: collections.OrderedDict[tuple, None] = collections.OrderedDict()
+        self.summary = paramserver.JobMetricsSummary()
+
+    async def __aenter__(self) -> JobMetricsReader:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._group is not None:
+            await self._group.close()
+            self._group = None
+
+    async def _shard_group(self) -> ShardGroupClient:
+        shard_map = await self.client.get_shard_map(self.job_id)  # NOT_FOUND: unknown job
+        first = min(shard_map.groups, key=lambda g: g.shard, default=None)
+        if first is None:
+            raise StalwartError(ErrorKind.UNAVAILABLE, f"job {self.job_id} has no shard groups")
+        addresses = [a for a in [first.primary_address, *first.backup_addresses] if a]
+        key = tuple(addresses)
+        if self._group is None or key != self._group_key:
+            await self.close()
+            self._group = ShardGroupClient(
+                list(dict.fromkeys(addresses)), open_channel,
+                call_timeout_s=self.call_timeout_s, retry_for_s=self.call_timeout_s,
+            )  # fmt: skip
+            self._group_key = key
+        return self._group
+
+    async def _list(self, request: paramserver.ListJobMetricsRequest):
+        """One page; None while no replica holds the job yet (no trainer registered it)."""
+        request.job_id = self.job_id
+        group = await self._shard_group()
+        try:
+            return await group.list_metrics(request)
+        except RpcError as err:
+            if err.kind is ErrorKind.UNKNOWN_JOB:
+                return None
+            await self.close()  # the groups may have moved: ask the coordinator again next time
+            raise
+
+    async def read_summary(self) -> paramserver.JobMetricsSummary:
+        """The latest loss and evaluation (empty while nothing is recorded)."""
+        page = await self._list(paramserver.ListJobMetricsRequest(summary_only=True))
+        return page.summary if page is not None else paramserver.JobMetricsSummary()
+
+    async def new_records(self) -> list[paramserver.MetricRecord]:
+        """Every record not returned before, oldest first."""
+        out: list[paramserver.MetricRecord] = []
+        token = ""
+        while True:
+            request = paramserver.ListJobMetricsRequest(
+                page_size=PAGE_SIZE, page_token=token, after_sequence=self._after
+            )
+            page = await self._list(request)
+            if page is None:
+                return out
+            if page.summary.history_id != self._history_id:
+                if token or self._after:  # another replica's history: read it from the start
+                    self._history_id, self._after, token = page.summary.history_id, 0, ""
+                    continue
+                self._history_id = page.summary.history_id
+            self.summary = page.summary
+            for record in page.records:
+                self._after = max(self._after, record.sequence)
+                key = record_key(record)
+                if key not in self._seen:
+                    self._seen[key] = None
+                    if len(self._seen) > SEEN_KEYS:
+                        self._seen.popitem(last=False)
+                    out.append(record)
+            token = page.next_page_token
+            if not token:
+                return out
