@@ -54,11 +54,11 @@ async def record(ps: ParamServer, request: paramserver.RecordEvaluationRequest):
     """RecordEvaluation: checked, kept here, and (on a primary) forwarded to the backups."""
     from services.paramserver.replica import Role
 
-    primary = ps.replica.role is Role.PRIMARY
-    if primary:
-        ps._client(request.epoch)
-    else:
+    primary = ps.replica.role is Role.PRIMARY and not request.from_primary
+    if request.from_primary:
         ps._from_primary(request.epoch)
+    else:
+        ps._client(request.epoch)  # NOT_PRIMARY on a backup
     if request.job_id not in ps.jobs:
         ps._job(request.job_id)  # UNKNOWN_JOB
     evaluation = request.evaluation

@@ -261,7 +261,7 @@ class Replicator:
         Metrics, not state: a backup that misses one only lacks that row."""
         forward = paramserver.RecordEvaluationRequest()
         forward.CopyFrom(request)
-        forward.epoch = self.replica.epoch
+        forward.epoch, forward.from_primary = self.replica.epoch, True
         for address in self.synced(request.job_id):
             try:
                 await self._stub_for(address).RecordEvaluation(forward, timeout=self.ack_timeout_s)

@@ -559,6 +559,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         else:
             self._from_primary(request.epoch)
         deleted = self.jobs.pop(request.job_id, None) is not None
+        self.histories.jobs.pop(request.job_id, None)
         return paramserver.DeleteModelResponse(deleted=deleted)
 
     # --- checkpoints (services/paramserver/checkpointing.py) ----------------------
