@@ -85,7 +85,9 @@ class History:
 
     def record_loss(self, step: int, slot: int, loss: float) -> bool:
         """Keep one slot's loss for a step; False when it was already kept."""
-        if not math.isfinite(loss) or not self._add((LOSS, step, slot), LOSS, step, slot, loss=loss):
+        if not math.isfinite(loss) or not self._add(
+            (LOSS, step, slot), LOSS, step, slot, loss=loss
+        ):
             return False
         latest, total, count = self._latest
         if step > latest:

@@ -212,10 +212,13 @@ def test_bad_input_is_refused_and_records_nothing(local):
                 await refused(evaluation(1, loss=float("nan"))),
                 await refused(evaluation(-1, loss=0.5)),
                 await refused(evaluation(1)),
-                await refused(paramserver.ListJobMetricsRequest(job_id=job.job_id, page_token="x"),
-                              "ListJobMetrics"),  # fmt: skip
-                await refused(paramserver.ListJobMetricsRequest(job_id="no-such-job"),
-                              "ListJobMetrics"),  # fmt: skip
+                await refused(
+                    paramserver.ListJobMetricsRequest(job_id=job.job_id, page_token="x"),
+                    "ListJobMetrics",
+                ),  # fmt: skip
+                await refused(
+                    paramserver.ListJobMetricsRequest(job_id="no-such-job"), "ListJobMetrics"
+                ),  # fmt: skip
             ]
             after = await stub.ListJobMetrics(paramserver.ListJobMetricsRequest(job_id=job.job_id))
         return answers, before, after
