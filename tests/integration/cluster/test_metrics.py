@@ -194,7 +194,7 @@ def test_bad_input_is_refused_and_records_nothing(local):
         group = shard_map.groups[0]
         async with open_channel(group.primary_address) as channel:
             stub = paramserver_grpc.ParamServerServiceStub(channel)
-            status = await stub.GetReplicaStatus(paramserver.GetReplicaStatusRequest())
+            status = await stub.GetReplicaStatus(paramserver.GetReplicaStatusRequest(), timeout=10)
 
             async def refused(request, method="RecordEvaluation"):
                 with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -207,24 +207,40 @@ def test_bad_input_is_refused_and_records_nothing(local):
                     evaluation=paramserver.Evaluation(version=version, metrics=metrics),
                 )  # fmt: skip
 
-            before = await stub.ListJobMetrics(paramserver.ListJobMetricsRequest(job_id=job.job_id))
+            before = await stub.ListJobMetrics(
+                paramserver.ListJobMetricsRequest(job_id=job.job_id), timeout=10
+            )
             answers = [
                 await refused(evaluation(1, loss=float("nan"))),
                 await refused(evaluation(-1, loss=0.5)),
                 await refused(evaluation(1)),
                 await refused(
+                    paramserver.RecordEvaluationRequest(
+                        job_id=job.job_id,
+                        epoch=status.epoch,
+                        from_primary=True,
+                        evaluation=paramserver.Evaluation(version=1, metrics={"loss": 0.5}),
+                    )
+                ),  # a primary follows no one
+                await refused(
                     paramserver.ListJobMetricsRequest(job_id=job.job_id, page_token="x"),
                     "ListJobMetrics",
-                ),  # fmt: skip
+                ),
                 await refused(
                     paramserver.ListJobMetricsRequest(job_id="no-such-job"), "ListJobMetrics"
-                ),  # fmt: skip
+                ),
             ]
-            after = await stub.ListJobMetrics(paramserver.ListJobMetricsRequest(job_id=job.job_id))
+            after = await stub.ListJobMetrics(
+                paramserver.ListJobMetricsRequest(job_id=job.job_id), timeout=10
+            )
         return answers, before, after
 
     answers, before, after = asyncio.run(calls())
     codes = [code for code, _ in answers]
-    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 4 + [grpc.StatusCode.NOT_FOUND]
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 3 + [
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+    ]
     assert "not finite" in answers[0][1] and "version must be >= 0" in answers[1][1]
     assert after.records == before.records  # nothing recorded by a refused call
