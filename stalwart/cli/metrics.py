@@ -24,6 +24,7 @@ from stalwart.api import coordinator, paramserver
 from stalwart.cli.output import OUTPUT_OPTION, Output, cli_errors, emit_json, emit_table
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.jobmetrics import JobMetricsReader
 
 COLUMNS = ("kind", "step", "loss", "detail")
 FINISHED = {
@@ -130,8 +131,6 @@ async def follow(
 ) -> coordinator.Job:  # fmt: skip
     """Hand new records to ``on_records`` until the job ends (and its final evaluation
     is in, or ``FINAL_EVAL_WAIT_S`` passed); returns the finished job."""
-    from stalwart.client.jobmetrics import JobMetricsReader  # torch: only for this command
-
     async with JobMetricsReader(client, job_id) as reader:
         ended_at = None
         while True:
@@ -150,8 +149,6 @@ async def follow(
 
 
 async def read_all(client: CoordinatorClient, job_id: str):
-    from stalwart.client.jobmetrics import JobMetricsReader
-
     job = await client.get_job(job_id)  # NOT_FOUND for an unknown job
     async with JobMetricsReader(client, job_id) as reader:
         return job, await reader.new_records()

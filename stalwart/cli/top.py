@@ -32,6 +32,7 @@ from stalwart.cli.admin import enum_name, node_row
 from stalwart.cli.output import OUTPUT_OPTION, Output, emit, to_data
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.jobmetrics import JobMetricsReader
 from stalwart.errors import RpcError, StalwartError
 
 EVENTS_SHOWN = 10
@@ -113,8 +114,6 @@ async def read_summaries(
 ) -> dict[str, paramserver.JobMetricsSummary]:
     """Each (newest) job's latest loss and evaluation; a job whose paramserver does
     not answer in time is left out (a "-")."""
-
-    from stalwart.client.jobmetrics import JobMetricsReader  # torch: not for the rest of top
 
     async def one(job_id: str):
         async with JobMetricsReader(client, job_id, call_timeout_s=METRICS_TIMEOUT_S) as reader:

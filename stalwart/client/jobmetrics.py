@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import collections
 
-from stalwart.api import paramserver
+import grpc
+
+from stalwart.api import paramserver, paramserver_grpc
 from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
-from stalwart.client.paramserver import ShardGroupClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
 
 PAGE_SIZE = 1000
+# A replica that cannot answer now: ask the next one of the group.
+_NEXT_REPLICA = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 # Keys of the records returned, for de-duplication after a failover: a replica
 # keeps at most 20000 records per job, so remembering more than that is enough.
 SEEN_KEYS = 50_000
@@ -32,14 +35,17 @@ def record_key(record: paramserver.MetricRecord) -> tuple:
 
 
 class JobMetricsReader:
-    """Follows one job's metric history; use as ``async with``."""
+    """Follows one job's metric history; use as ``async with``.
+
+    Asks the group's primary, then its backups (every replica keeps the history
+    and answers ListJobMetrics whatever its role), through plain stubs: no torch.
+    """
 
     def __init__(self, client: CoordinatorClient, job_id: str, call_timeout_s: float = 10.0):
         self.client = client
         self.job_id = job_id
         self.call_timeout_s = call_timeout_s
-        self._group: ShardGroupClient | None = None
-        self._group_key: tuple = ()
+        self._channels: dict[str, grpc.aio.Channel] = {}
         self._history_id = ""
         self._after = 0
         self._seen: collections.OrderedDict[tuple, None] = collections.OrderedDict()
@@ -52,37 +58,34 @@ class JobMetricsReader:
         await self.close()
 
     async def close(self) -> None:
-        if self._group is not None:
-            await self._group.close()
-            self._group = None
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
 
-    async def _shard_group(self) -> ShardGroupClient:
+    async def _addresses(self) -> list[str]:
         shard_map = await self.client.get_shard_map(self.job_id)  # NOT_FOUND: unknown job
         first = min(shard_map.groups, key=lambda g: g.shard, default=None)
         if first is None:
             raise StalwartError(ErrorKind.UNAVAILABLE, f"job {self.job_id} has no shard groups")
-        addresses = [a for a in [first.primary_address, *first.backup_addresses] if a]
-        key = tuple(addresses)
-        if self._group is None or key != self._group_key:
-            await self.close()
-            self._group = ShardGroupClient(
-                list(dict.fromkeys(addresses)), open_channel,
-                call_timeout_s=self.call_timeout_s, retry_for_s=self.call_timeout_s,
-            )  # fmt: skip
-            self._group_key = key
-        return self._group
+        return list(dict.fromkeys(a for a in [first.primary_address, *first.backup_addresses] if a))
 
     async def _list(self, request: paramserver.ListJobMetricsRequest):
         """One page; None while no replica holds the job yet (no trainer registered it)."""
         request.job_id = self.job_id
-        group = await self._shard_group()
-        try:
-            return await group.list_metrics(request)
-        except RpcError as err:
-            if err.kind is ErrorKind.UNKNOWN_JOB:
-                return None
-            await self.close()  # the groups may have moved: ask the coordinator again next time
-            raise
+        last: RpcError | None = None
+        for address in await self._addresses():
+            if address not in self._channels:
+                self._channels[address] = open_channel(address)
+            stub = paramserver_grpc.ParamServerServiceStub(self._channels[address])
+            try:
+                return await stub.ListJobMetrics(request, timeout=self.call_timeout_s)
+            except grpc.RpcError as exc:
+                last = RpcError.from_grpc(exc)
+                if last.kind is ErrorKind.UNKNOWN_JOB:
+                    return None
+                if last.code not in _NEXT_REPLICA:
+                    raise last from None
+        raise last or StalwartError(ErrorKind.UNAVAILABLE, f"no replica of {self.job_id} answered")
 
     async def read_summary(self) -> paramserver.JobMetricsSummary:
         """The latest loss and evaluation (empty while nothing is recorded)."""

@@ -234,16 +234,6 @@ class ShardGroupClient:
 
         return await self._with_failover(attempt)
 
-    async def list_metrics(
-        self, request: paramserver.ListJobMetricsRequest
-    ) -> paramserver.ListJobMetricsResponse:
-        """One ListJobMetrics page from the group's primary."""
-
-        async def attempt(address):
-            return await self.stub(address).ListJobMetrics(request, timeout=self.call_timeout_s)
-
-        return await self._with_failover(attempt)
-
     async def fingerprint(self, job_id: str, address: str | None = None):
         target = address or self.primary or await self.discover()
         try:
