@@ -93,21 +93,25 @@ class JobMetricsReader:
         return page.summary if page is not None else paramserver.JobMetricsSummary()
 
     async def new_records(self) -> list[paramserver.MetricRecord]:
-        """Every record not returned before, oldest first."""
+        """Every record not returned before, oldest first.
+
+        Pages by after_sequence rather than page tokens: a token names one
+        replica's history, and the next page may come from another replica.
+        """
         out: list[paramserver.MetricRecord] = []
-        token = ""
         while True:
             request = paramserver.ListJobMetricsRequest(
-                page_size=PAGE_SIZE, page_token=token, after_sequence=self._after
+                page_size=PAGE_SIZE, after_sequence=self._after
             )
             page = await self._list(request)
             if page is None:
                 return out
             if page.summary.history_id != self._history_id:
-                if token or self._after:  # another replica's history: read it from the start
-                    self._history_id, self._after, token = page.summary.history_id, 0, ""
-                    continue
+                first_read = not self._history_id
                 self._history_id = page.summary.history_id
+                if not first_read and self._after:  # another replica's: read it from the start
+                    self._after = 0
+                    continue
             self.summary = page.summary
             for record in page.records:
                 self._after = max(self._after, record.sequence)
@@ -117,6 +121,5 @@ class JobMetricsReader:
                     if len(self._seen) > SEEN_KEYS:
                         self._seen.popitem(last=False)
                     out.append(record)
-            token = page.next_page_token
-            if not token:
+            if not page.next_page_token:
                 return out
