@@ -29,7 +29,7 @@ from stalwart.client.jobmetrics import JobMetricsReader
 from tests.integration.cluster.support import assert_bitwise_equal, reference, run_job
 from tests.integration.cluster.test_cli import EXIT_INVALID_INPUT, one_error_line, stalwart
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 MODEL = "tests.unit.training.dropout_task:make"
 
