@@ -84,6 +84,8 @@ METHOD_ROLES: Mapping[str, Role] = {
     _P + "ReplicatePush": Role.NODE,
     _P + "ReplicateCommit": Role.NODE,
     _P + "InstallState": Role.NODE,
+    _P + "RecordEvaluation": Role.NODE,
+    _P + "ListJobMetrics": Role.VIEWER,
     # the coordinator drives checkpoints, as it drives promotion
     _P + "SaveCheckpoint": Role.ADMIN,
     _P + "LoadCheckpoint": Role.ADMIN,

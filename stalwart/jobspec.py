@@ -162,6 +162,8 @@ def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> 
         raise _bad(f"micro_batches must be in [0, {MAX_MICRO_BATCHES}], got {spec.micro_batches}")
     if spec.num_shards < 0 or spec.checkpoint_interval < 0:
         raise _bad("num_shards and checkpoint_interval must be >= 0")
+    if spec.eval_every < 0:
+        raise _bad(f"eval_every must be >= 0 (0: no evaluation), got {spec.eval_every}")
     if spec.num_slots > max_slots:
         raise StalwartError(
             ErrorKind.LIMIT_EXCEEDED, f"num_slots {spec.num_slots} > limit {max_slots}"

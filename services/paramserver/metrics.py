@@ -107,6 +107,11 @@ def watch(servicer: ParamServer) -> None:
     EPOCH.set_function(lambda: servicer.replica.epoch)
     IS_PRIMARY.set_function(lambda: 1 if servicer.replica.role is Role.PRIMARY else 0)
     REPLICATION_LAG.set_function(lambda: replication_lag(servicer))
+    from prometheus_client import REGISTRY
+
+    from services.paramserver.jobmetrics import JobSeries
+
+    REGISTRY.register(JobSeries(servicer))  # per-job loss and evaluation series
 
 
 def replication_lag(servicer: ParamServer) -> int:

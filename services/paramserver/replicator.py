@@ -256,6 +256,19 @@ class Replicator:
             link.last_error = ""
         self.acked[(address, header.model.job_id)] = header.version
 
+    async def forward_evaluation(self, request: paramserver.RecordEvaluationRequest) -> None:
+        """An evaluation to every backup holding the job, under this primary's epoch.
+        Metrics, not state: a backup that misses one only lacks that row."""
+        forward = paramserver.RecordEvaluationRequest()
+        forward.CopyFrom(request)
+        forward.epoch, forward.from_primary = self.replica.epoch, True
+        for address in self.synced(request.job_id):
+            try:
+                await self._stub_for(address).RecordEvaluation(forward, timeout=self.ack_timeout_s)
+            except grpc.RpcError as exc:
+                self._check_fenced(RpcError.from_grpc(exc))
+                log.warning("evaluation not forwarded", backup=address, error=str(exc))
+
     async def delete(self, job_id: str) -> None:
         request = paramserver.DeleteModelRequest(job_id=job_id, epoch=self.replica.epoch)
         for address in list(self.replica.backups):

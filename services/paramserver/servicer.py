@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from services.paramserver import metrics, phases
+from services.paramserver import jobmetrics, metrics, phases
 from services.paramserver.consistency import Verdict
 from services.paramserver.faults import Faults
 from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
@@ -168,6 +168,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.jobs: dict[str, JobRuntime] = {}
         self.on_role_change = on_role_change or (lambda role: None)
         self.faults = faults or Faults()
+        self.histories = jobmetrics.Histories()  # losses and evaluations (ListJobMetrics)
         # job_id -> whether the coordinator admitted it; None runs standalone (no check)
         self.admitted: Callable[[str], Awaitable[bool]] | None = None
 
@@ -328,6 +329,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 self.replicator.require_insync(job.model.job_id)
                 return paramserver.PushResponse(version=job.model.version, duplicate=True)
             job.model.stage(header.step, header.slot, crc, grads)
+            self.histories.on_push(header)
             entries = job.model.ready_entries(header.step, header.slot)
             if entries is not None:
                 phases.PHASE_SECONDS.labels("wait_slots").observe(0.0)
@@ -557,6 +559,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         else:
             self._from_primary(request.epoch)
         deleted = self.jobs.pop(request.job_id, None) is not None
+        self.histories.jobs.pop(request.job_id, None)
         return paramserver.DeleteModelResponse(deleted=deleted)
 
     # --- checkpoints (services/paramserver/checkpointing.py) ----------------------
@@ -574,6 +577,16 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
         return await checkpointing.load(self, request, context)
 
+    # --- metrics (services/paramserver/jobmetrics.py) ---------------------------
+
+    @rpc_handler
+    async def RecordEvaluation(self, request, context):
+        return await jobmetrics.record(self, request)
+
+    @rpc_handler
+    async def ListJobMetrics(self, request, context):
+        return jobmetrics.list_metrics(self, request)
+
     # --- backup side -------------------------------------------------------------
 
     @rpc_handler
@@ -586,6 +599,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         grads = assembler.finish()
         async with job.lock:
             job.model.stage(push.step, push.slot, assembler.payload_crc32c, grads)
+            self.histories.on_push(push)
         return paramserver.ReplicatePushResponse()
 
     @rpc_handler

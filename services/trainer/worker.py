@@ -22,6 +22,7 @@ import structlog
 import torch
 
 from services.trainer import phases
+from services.trainer.evaluation import Evaluator
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
 from stalwart import abft, schedule, sdc, training, usererrors
@@ -92,6 +93,7 @@ class Worker:
         # (job id, error) when the job's own code raised: reported to the coordinator
         self.on_user_error: Callable[[str, usererrors.UserCodeError], Awaitable[None]] | None = None
         self.abft_stats = abft.AbftStats()
+        self.evaluator = Evaluator(device)  # JobSpec.eval_every (services/trainer/evaluation.py)
 
     # --- control ------------------------------------------------------------------
 
@@ -290,7 +292,10 @@ class Worker:
     async def _step(self, slot: int) -> None:
         job = self.job
         fresh, job.prefetched = job.prefetched, False
-        if (not fresh and not await self._pull(job.next_version)) or job.finished:
+        if not fresh and not await self._pull(job.next_version):
+            return
+        await self.evaluator.between_steps(job, slot)
+        if job.finished:
             return
         step, started = job.version, time.monotonic()
         computing = time.perf_counter()
@@ -306,7 +311,7 @@ class Worker:
         prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
         pushing, pushed = time.perf_counter(), False
         try:
-            pushed = await self._push(job, step, slot, result.grads)
+            pushed = await self._push(job, step, slot, result.grads, result.loss)
         finally:
             if not pushed:  # failed or abandoned: drop the read-only pull
                 await _abandon(prefetch)
@@ -324,15 +329,16 @@ class Worker:
         if await self._pull(step + 1, started=prefetch) and job.version == step + 1:
             job.prefetched = True
             phases.observe("pull", acked)  # from the ack until the next weights are loaded
+            await self.evaluator.between_steps(job, slot)  # the final version's, too
 
-    async def _push(self, job: JobState, step: int, slot: int, grads) -> bool:
+    async def _push(self, job: JobState, step: int, slot: int, grads, loss: float) -> bool:
         """Push to the end, unless the job's shard groups moved meanwhile (False).
 
         A push to a group that is gone (every replica lost, then restored
         elsewhere from a checkpoint) would only retry until its SDK gives up;
         pushes are keyed by (job, step, slot), so abandoning one is safe: it was
         applied once or not at all, and the next attempt pulls again."""
-        push = asyncio.ensure_future(job.client.push(job.job_id, step, slot, step, grads))
+        push = asyncio.ensure_future(job.client.push(job.job_id, step, slot, step, grads, loss))
         while True:
             done, _ = await asyncio.wait({push}, timeout=PUSH_CHECK_S)
             if done:

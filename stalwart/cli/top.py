@@ -1,8 +1,8 @@
 """``stalwart top``: a live view of the cluster, refreshed in place.
 
 Leader and epoch, every node (role, state, health score, slot, step time, and the
-health service's risk when ``--health`` names it), every job (step, throughput),
-and the latest events from WatchEvents. ``--once`` prints one frame and exits,
+health service's risk when ``--health`` names it), every job (step, throughput,
+latest training loss and last evaluation, from the job's paramserver), and the latest events from WatchEvents. ``--once`` prints one frame and exits,
 for scripts and tests (``-o json`` for the same data as JSON).
 
 Throughput is measured here, from the job's step between two frames (steps/s,
@@ -26,18 +26,24 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from stalwart.api import common, coordinator, health, health_grpc
+from stalwart.api import common, coordinator, health, health_grpc, paramserver
 from stalwart.channel import open_channel
 from stalwart.cli.admin import enum_name, node_row
 from stalwart.cli.output import OUTPUT_OPTION, Output, emit, to_data
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.jobmetrics import JobMetricsReader
+from stalwart.errors import RpcError, StalwartError
 
 EVENTS_SHOWN = 10
 # With --once the event history is read until the stream stays quiet this long
 # (the store replays it at once; a quiet stream means we are at the live edge).
 EVENT_QUIET_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
+# Latest loss and evaluation are read for this many jobs at most (the newest),
+# each from its paramserver, within this long; the others show "-".
+METRICS_JOBS = 20
+METRICS_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -50,6 +56,8 @@ class Frame:
     risks: dict[str, health.NodeRisk] | None  # None: no health service asked or answering
     events: list[common.Event]
     rates: dict[str, float] = field(default_factory=dict)  # job -> steps per second
+    # job -> its metric history's summary (latest loss, last evaluation), where read
+    metrics: dict[str, paramserver.JobMetricsSummary] = field(default_factory=dict)
     taken_at: float = field(default_factory=time.time)
 
 
@@ -96,7 +104,27 @@ async def take_frame(
     status, nodes, jobs, risks = await asyncio.gather(
         client.cluster_status(), client.all_nodes(), client.all_jobs(), read_risks(health_address)
     )
-    return Frame(status, nodes, jobs, risks, events[-EVENTS_SHOWN:])
+    frame = Frame(status, nodes, jobs, risks, events[-EVENTS_SHOWN:])
+    frame.metrics = await read_summaries(client, jobs)
+    return frame
+
+
+async def read_summaries(
+    client: CoordinatorClient, jobs: list[coordinator.Job]
+) -> dict[str, paramserver.JobMetricsSummary]:
+    """Each (newest) job's latest loss and evaluation; a job whose paramserver does
+    not answer in time is left out (a "-")."""
+
+    async def one(job_id: str):
+        async with JobMetricsReader(client, job_id, call_timeout_s=METRICS_TIMEOUT_S) as reader:
+            try:
+                return job_id, await asyncio.wait_for(reader.read_summary(), METRICS_TIMEOUT_S)
+            except (TimeoutError, grpc.RpcError, RpcError, StalwartError):
+                return job_id, None
+
+    newest = sorted(jobs, key=lambda j: j.create_time.ToNanoseconds(), reverse=True)
+    found = await asyncio.gather(*(one(j.job_id) for j in newest[:METRICS_JOBS]))
+    return {job_id: s for job_id, s in found if s is not None}
 
 
 async def recent_events(client: CoordinatorClient, quiet_s: float = EVENT_QUIET_S) -> list:
@@ -143,7 +171,8 @@ def render(frame: Frame) -> Group:
         shown_risk = f"{risk.risk:.2f}" if risk is not None else "-"
         nodes.add_row(node_id, role, state, score, shown_risk, work, _ms(n.step_time_ema_seconds))
     jobs = Table(title="jobs", expand=False)
-    for column in ("job", "model", "state", "step", "slots held", "steps/s", "samples/s"):
+    for column in ("job", "model", "state", "step", "slots held", "steps/s", "samples/s",
+                   "loss", "last eval"):  # fmt: skip
         jobs.add_column(column)
     for j in frame.jobs:
         rate = frame.rates.get(j.job_id)
@@ -156,6 +185,7 @@ def render(frame: Frame) -> Group:
             f"{sum(1 for x in j.slots if x.node_id)}/{j.spec.num_slots}",
             f"{rate:.1f}" if rate is not None else "-",
             f"{samples:.0f}" if samples is not None else "-",
+            *metric_cells(frame.metrics.get(j.job_id)),
         )
     events = Table(title="recent events", expand=False)
     for column in ("#", "time", "kind", "event"):
@@ -167,6 +197,18 @@ def render(frame: Frame) -> Group:
     return Group(header, nodes, jobs, events)
 
 
+def metric_cells(summary: paramserver.JobMetricsSummary | None) -> tuple[str, str]:
+    """(latest loss "2.31 @12", last evaluation "v10 accuracy=0.91 ...") or dashes."""
+    if summary is None:
+        return "-", "-"
+    loss = f"{summary.latest_loss:.4f} @{summary.latest_step}" if summary.loss_slots else "-"
+    if not summary.HasField("last_evaluation"):
+        return loss, "-"
+    e = summary.last_evaluation
+    shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(e.metrics.items())[:3])
+    return loss, f"v{e.version} {shown}"
+
+
 def frame_data(frame: Frame) -> dict:
     return {
         "status": to_data(frame.status),
@@ -174,6 +216,7 @@ def frame_data(frame: Frame) -> dict:
         "jobs": [to_data(j) for j in frame.jobs],
         "risks": None if frame.risks is None else [to_data(r) for r in frame.risks.values()],
         "events": [to_data(e) for e in frame.events],
+        "metrics": {job_id: to_data(s) for job_id, s in frame.metrics.items()},
     }
 
 

@@ -1,7 +1,7 @@
 """``stalwart job submit`` flags for how gradients become updates, as one option group.
 
 Adam's betas and eps, the reduction, clipping, the learning-rate schedule,
-gradient accumulation, the checkpoint interval and the weights to start from. Only the shape of the input
+gradient accumulation, the checkpoint and evaluation intervals and the weights to start from. Only the shape of the input
 is checked here; the coordinator validates the spec and answers
 INVALID_ARGUMENT with the field's name.
 """
@@ -71,6 +71,9 @@ class TrainingFlags:
         None, help="gradient accumulation: micro-batches of --batch-size per slot and step"
     )
     checkpoint_interval: int | None = typer.Option(None, help="checkpoint every N steps; 0: off")
+    eval_every: int | None = typer.Option(
+        None, help="evaluate the weights every N versions and at the end; 0: off"
+    )
     init_from: Path | None = typer.Option(
         None, help="start from these weights (.safetensors, e.g. from `job export`)"
     )
@@ -90,7 +93,8 @@ class TrainingFlags:
         }  # fmt: skip
         if any(v is not None for v in shape.values()):
             _set(opt.schedule, **shape)  # on top of the model's default schedule, if any
-        _set(spec, micro_batches=self.micro_batches, checkpoint_interval=self.checkpoint_interval)
+        _set(spec, micro_batches=self.micro_batches, checkpoint_interval=self.checkpoint_interval,
+             eval_every=self.eval_every)  # fmt: skip
         if self.init_from is not None:
             # the trainers read the path themselves: make it absolute, and catch a
             # typo here rather than as a job whose trainers cannot start it
@@ -123,4 +127,6 @@ def describe_rule(spec: coordinator.JobSpec) -> str:
         parts.append(f"clip-value={opt.clip_grad_value:g}")
     if spec.micro_batches > 1:
         parts.append(f"micro-batches={spec.micro_batches}")
+    if spec.eval_every:
+        parts.append(f"eval-every={spec.eval_every}")
     return "".join(" " + p for p in parts)

@@ -14,6 +14,7 @@ _EXPORTS = {
     "ShardGroupClient": "stalwart.client.paramserver",
     "CoordinatorClient": "stalwart.client.coordinator",
     "NodeSession": "stalwart.client.coordinator",
+    "JobMetricsReader": "stalwart.client.jobmetrics",
 }
 
 __all__ = sorted(_EXPORTS)

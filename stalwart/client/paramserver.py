@@ -163,6 +163,7 @@ class ShardGroupClient:
         slot: int,
         base_version: int,
         grads: Mapping[str, torch.Tensor],
+        loss: float | None = None,
     ) -> PushResult:
         names = list(grads)
         tensors = [grads[n] for n in names]
@@ -176,6 +177,7 @@ class ShardGroupClient:
                 base_version=base_version,
                 epoch=self.epoch,
                 tensors=specs,
+                loss=loss,
             )
 
             def messages():
@@ -214,6 +216,21 @@ class ShardGroupClient:
             if header is None:
                 raise RpcError(grpc.StatusCode.INTERNAL, "pull stream was empty")
             return header.version, assembler.finish()
+
+        return await self._with_failover(attempt)
+
+    async def record_evaluation(
+        self, job_id: str, version: int, metrics: Mapping[str, float]
+    ) -> bool:
+        """Report an evaluation of ``version``; True when it was recorded before."""
+
+        async def attempt(address):
+            request = paramserver.RecordEvaluationRequest(
+                job_id=job_id, epoch=self.epoch,
+                evaluation=paramserver.Evaluation(version=version, metrics=dict(metrics)),
+            )  # fmt: skip
+            resp = await self.stub(address).RecordEvaluation(request, timeout=self.call_timeout_s)
+            return resp.duplicate
 
         return await self._with_failover(attempt)
 
@@ -277,12 +294,14 @@ class ParamServerClient:
         slot: int,
         base_version: int,
         grads: Mapping[str, torch.Tensor],
+        loss: float | None = None,
     ) -> list[PushResult]:
+        """``loss``: the slot's training loss, kept in the job's metric history."""
         per_shard = shardmap.split(grads, self.pieces, self.num_shards)
         return list(
             await asyncio.gather(
                 *(
-                    g.push(job_id, step, slot, base_version, p)
+                    g.push(job_id, step, slot, base_version, p, loss)
                     for g, p in zip(self.groups, per_shard, strict=True)
                 )
             )
@@ -295,6 +314,12 @@ class ParamServerClient:
         )
         versions = [v for v, _ in results]
         return versions, shardmap.join([t for _, t in results], self.pieces)
+
+    async def record_evaluation(
+        self, job_id: str, version: int, metrics: Mapping[str, float]
+    ) -> bool:
+        """To the first shard group, which keeps the job's metric history."""
+        return await self.groups[0].record_evaluation(job_id, version, metrics)
 
     async def close(self) -> None:
         await asyncio.gather(*(g.close() for g in self.groups))
