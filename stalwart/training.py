@@ -21,7 +21,7 @@ import torch
 from stalwart import gradients, optim, schedule, weights
 from stalwart.api import coordinator
 from stalwart.models import Task, resolve
-from stalwart.models.base import derive_seed
+from stalwart.models.base import derive_seed, seeded_global_rng
 
 
 def make_deterministic(threads: int = 1) -> None:
@@ -109,8 +109,7 @@ def model_rng(seed: int, slot: int, step: int, device: torch.device):
     devices = []
     if device.type == "cuda":
         devices = [torch.cuda.current_device() if device.index is None else device.index]
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(derive_seed(seed, "model-rng", slot, step))
+    with seeded_global_rng(derive_seed(seed, "model-rng", slot, step), devices):
         yield
 
 

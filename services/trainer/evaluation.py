@@ -27,7 +27,7 @@ import torch
 
 from stalwart import training
 from stalwart.errors import RpcError, StalwartError
-from stalwart.models.base import derive_seed
+from stalwart.models.base import derive_seed, seeded_global_rng
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +105,5 @@ class Evaluator:
         training.load_params(self._model, {n: t.detach() for n, t in state.items()})
         device = torch.device(self.device)
         devices = [device.index or 0] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(derive_seed(job.spec.seed, "eval", job.version))
+        with seeded_global_rng(derive_seed(job.spec.seed, "eval", job.version), devices):
             return dict(job.task.evaluate(self._model))

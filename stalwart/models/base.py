@@ -8,9 +8,11 @@ from a ``torch.Generator`` seeded by :func:`derive_seed`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -77,9 +79,24 @@ def seeded_module(seed: int, build) -> torch.nn.Module:
     fork restores the caller's RNG state afterwards, so building a model never
     disturbs anything else.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, "init"))
+    with seeded_global_rng(derive_seed(seed, "init")):
         return build()
+
+
+# torch has one global generator per process. A trainer draws from it on more than
+# one thread (the step, a duplicate-compute check, an evaluation), and fork_rng
+# saves and restores that one state: two seeded sections at once would mix their
+# draws and break the same-mask-on-every-trainer promise. They take turns.
+_GLOBAL_RNG_TURN = threading.RLock()
+
+
+@contextlib.contextmanager
+def seeded_global_rng(seed: int, cuda_devices: Sequence[int] = ()):
+    """The global RNG (CPU and the given GPUs) forked and seeded with ``seed``, held by
+    this thread alone until the block ends; the caller's RNG state comes back after."""
+    with _GLOBAL_RNG_TURN, torch.random.fork_rng(devices=list(cuda_devices)):
+        torch.manual_seed(seed)
+        yield
 
 
 class ModelArgs:
