@@ -26,8 +26,8 @@ _SERVE = (
 )
 _DIAL = (
     "import socket, sys\n"
-    "try: socket.create_connection((sys.argv[1], %d), timeout=2).close(); print('ok')\n"
-    "except OSError as e: print('fail', type(e).__name__)\n" % PORT
+    f"try: socket.create_connection((sys.argv[1], {PORT}), timeout=2).close(); print('ok')\n"
+    "except OSError as e: print('fail', type(e).__name__)\n"
 )
 
 
