@@ -90,7 +90,12 @@ async def _apply(
 
 
 async def _hit(local, net, client, job_id, recorder, fault: Fault, applied: list[Applied]) -> None:
-    name = await target(fault.role, local, client, job_id)
+    try:
+        name = await target(fault.role, local, client, job_id)
+    except TimeoutError:
+        if recorder.finished:
+            return  # the job ended while its trainers were sought: this fault never lands
+        raise
     applied.append(Applied(fault, name, recorder.step))
     if fault.action in ("cut", "partition"):
         await _network_fault(local, net, name, fault)
