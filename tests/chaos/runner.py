@@ -63,11 +63,13 @@ async def run(
                 await _apply(local, net, client, job.job_id, recorder, fault, applied)
             await cluster.wait_healthy(local, HEALTHY_WITHIN_S)  # and after
             job = await _wait_finished(client, job.job_id)
-            ps = await param_client(client, job.job_id, spec)
-            try:
-                version, weights = await pull_weights(ps, job.job_id, spec.steps)
-            finally:
-                await ps.close()
+            version, weights = -1, {}
+            if job.state == coordinator.JOB_STATE_SUCCEEDED:  # else the state is the verdict
+                ps = await param_client(client, job.job_id, spec)
+                try:
+                    version, weights = await pull_weights(ps, job.job_id, spec.steps)
+                finally:
+                    await ps.close()
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
