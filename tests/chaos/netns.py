@@ -27,6 +27,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+import pytest
+
 from stalwart.cluster import Host
 
 PREFIX = "stwnc"
@@ -53,6 +55,17 @@ def unavailable() -> str | None:
         return f"`ip netns add` does not work here: {exc}"
     _ip("netns", "del", probe)
     return None
+
+
+def require() -> None:
+    """Skip the calling test, with the reason, when namespaces cannot be made here;
+    fail it instead under STALWART_REQUIRE_BACKENDS=1 (``make test``, CI)."""
+    reason = unavailable()
+    if reason is None:
+        return
+    if os.environ.get("STALWART_REQUIRE_BACKENDS") == "1":
+        pytest.fail(f"network namespaces needed: {reason}")
+    pytest.skip(reason)
 
 
 @dataclass

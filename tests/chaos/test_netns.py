@@ -34,11 +34,7 @@ _DIAL = (
 
 @pytest.fixture
 def net():
-    reason = netns.unavailable()
-    if reason is not None:
-        if os.environ.get("STALWART_REQUIRE_BACKENDS") == "1":
-            pytest.fail(f"network namespaces unavailable: {reason}")
-        pytest.skip(reason)
+    netns.require()
     test_net = netns.TestNet.create(["a", "b"])
     server = subprocess.Popen(
         ["ip", "netns", "exec", test_net.hosts["a"].netns, sys.executable, "-c", _SERVE,
