@@ -23,7 +23,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +52,16 @@ MODULES = {
 
 class ClusterError(RuntimeError):
     """A cluster could not be started, found or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host of its own for one member: a network namespace and the address it has there."""
+
+    netns: str
+    """Name given to ``ip netns add``."""
+    ip: str
+    """The member binds and advertises this address (plaintext: a private test network)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,9 @@ class ClusterConfig:
     preload_services: bool = False
     """Fork services from a server with torch imported (test suites; see
     :mod:`stalwart.procs`). Off for ``stalwart up``: its services outlive the command."""
+    hosts: Mapping[str, Host] = field(default_factory=dict)
+    """Members (by name) that run on a host of their own instead of loopback: tests of
+    network faults cut and partition these hosts' links."""
 
 
 @dataclass
@@ -210,9 +223,13 @@ class LocalCluster:
     def _start(self, spec: _Spec) -> Member:
         args = [*_COMMON_FLAGS, "--node-id", spec.name, *spec.args,
                 *self.config.extra_args.get(spec.role, ())]  # fmt: skip
+        host = self.config.hosts.get(spec.name)
+        if host is not None:
+            args += ["--host", host.ip, "--insecure"]
         proc = start_service(MODULES[spec.role], args, self.log_dir, spec.name, env=spec.env,
                              timeout=self.config.start_timeout_s, cwd=_repo_root(),
-                             preload=self.config.preload_services)  # fmt: skip
+                             preload=self.config.preload_services,
+                             netns=host.netns if host else None)  # fmt: skip
         self.procs[spec.name] = proc
         member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
                         spec.shard, spec.started_as)  # fmt: skip

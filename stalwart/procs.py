@@ -18,6 +18,7 @@ guard (the fork server imports the caller's main module).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 LOG_TAIL_LINES = 40
+_CLONE_NEWNET = 0x40000000  # <sched.h>
 
 # Imported once by the fork server; what services import beyond these is cheap.
 # torch._dynamo (1.5 s) is what torch.optim pulls in at a service's first optimizer step.
@@ -131,6 +133,7 @@ def start_service(
     timeout: float = 90.0,  # generous: a loaded 2-core machine imports torch slowly
     cwd: Path | None = None,
     preload: bool = False,
+    netns: str | None = None,
 ) -> ServiceProcess:
     """Start ``python -m module --port 0 --ready-file ... *args`` and wait until it serves.
 
@@ -138,6 +141,8 @@ def start_service(
     process's environment. Flags in ``args`` come last, so they override the
     defaults (``--port 7000`` wins over ``--port 0``). ``preload``: fork it from the
     preloaded server (see the module docstring) instead of starting a new interpreter.
+    ``netns``: run it in that network namespace (``ip netns``; tests of network faults
+    give each service a host of its own).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -146,10 +151,13 @@ def start_service(
     log_path = run_dir / f"{name}.log"
     argv = ["--port", "0", "--ready-file", str(ready_file), *args]
     if preload:
-        popen: ProcessHandle = _fork_preloaded(module, argv, log_path, env, cwd)
+        popen: ProcessHandle = _fork_preloaded(module, argv, log_path, env, cwd, netns)
     else:
+        command = [sys.executable, "-m", module, *argv]
+        if netns:
+            command = ["ip", "netns", "exec", netns, *command]  # execs: the pid stays
         with open(log_path, "ab") as log_file:
-            popen = _spawn([sys.executable, "-m", module, *argv], log_file, env, cwd)
+            popen = _spawn(command, log_file, env, cwd)
     proc = ServiceProcess(name, popen, log_path, ready_file)
     proc.ready = _wait_ready(proc, timeout)
     return proc
@@ -199,6 +207,7 @@ def _fork_preloaded(
     log_path: Path,
     env: Mapping[str, str] | None,
     cwd: Path | None,
+    netns: str | None = None,
 ) -> _ForkedProcess:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)
@@ -207,14 +216,21 @@ def _fork_preloaded(
     # daemon: if the caller exits without stopping it, multiprocessing terminates
     # it instead of waiting for it forever
     process = context.Process(
-        target=_run_module, args=(module, argv, str(log_path), full_env, where), daemon=True
+        target=_run_module,
+        args=(module, argv, str(log_path), full_env, where, netns),
+        daemon=True,
     )
     process.start()
     return _ForkedProcess(process)
 
 
-def _run_module(module: str, argv: list[str], log_path: str, env: dict[str, str], cwd: str) -> None:
+def _run_module(
+    module: str, argv: list[str], log_path: str, env: dict[str, str], cwd: str,
+    netns: str | None = None,
+) -> None:  # fmt: skip
     """In the forked child: become what ``python -m module *argv`` would have been."""
+    if netns:
+        _enter_netns(netns)
     os.setsid()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null_fd = os.open(os.devnull, os.O_RDONLY)
@@ -233,6 +249,19 @@ def _run_module(module: str, argv: list[str], log_path: str, env: dict[str, str]
     multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _enter_netns(name: str) -> None:
+    """Move this process into the network namespace ``ip netns add name`` made, as
+    ``ip netns exec`` would (Python 3.11 has no ``os.setns``; libc has)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into network namespace {name}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 def _wait_ready(proc: ServiceProcess, timeout: float) -> dict[str, Any]:

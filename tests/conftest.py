@@ -6,6 +6,8 @@ fixtures of one area live next to its tests.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -38,6 +40,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if folder in _FOLDER_MARKERS:
             item.add_marker(folder)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run each ``async def`` test with :func:`asyncio.run`, in a loop of its own (gRPC aio
+    channels belong to the loop that opened them, so no loop is shared between tests)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    asyncio.run(pyfuncitem.obj(**{n: pyfuncitem.funcargs[n] for n in names}))
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ so the caller can move their work and say so in the event stream. After a
 leader change ``refresh_all(now)`` grants every live node a fresh window, with
 the history forgotten (the old leader's arrivals are not known): a node must not
 be declared dead only because the coordinator that would have heard its
-heartbeats changed.
+heartbeats changed. For the same reason a coordinator that hears no node at all
+declares none dead on silence (``expire``): it is the one cut off.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Membership:
         self.detector = detector or DetectorConfig.fixed(lease_s)
         self.nodes: dict[str, NodeRecord] = {}
         self._arrivals: dict[str, ArrivalWindow] = {}
+        self._deaf = False  # expire() found nobody heard: refresh every window when heard again
 
     def _fresh(self, node: NodeRecord, now: float) -> None:
         """Start a node's arrival history at ``now``: it gets the initial window."""
@@ -129,11 +131,33 @@ class Membership:
         return node
 
     def expire(self, now: float) -> list[NodeRecord]:
-        """Declare DEAD every leased node whose lease has run out; return them."""
+        """Declare DEAD every leased node whose lease has run out; return them.
+
+        Not while this coordinator hears nobody: when two or more nodes hold leases and
+        none has been heard for half the floor (7 beats by default), the
+        silence is far more likely this coordinator's (its link cut, its process
+        starved or paused) than every node's at once, and declaring them all dead
+        would fail jobs that go on. When it hears again, every node gets a fresh
+        window, as after a leader change. A crash is still found at once by the
+        refused-connection probe, which does not go through here.
+        """
+        if self.hears_nobody(now):
+            self._deaf = True
+            return []
+        if self._deaf:
+            self._deaf = False
+            self.refresh_all(now)
+            return []
         dead = [n for n in self.nodes.values() if n.leased and n.lease_expires <= now]
         for node in dead:
             node.state = NodeState.DEAD
         return sorted(dead, key=lambda n: n.node_id)
+
+    def hears_nobody(self, now: float) -> bool:
+        """Two or more nodes hold leases and not one was heard in half the floor."""
+        leased = [n for n in self.nodes.values() if n.leased]
+        quiet_s = self.detector.floor_s / 2
+        return len(leased) >= 2 and max(n.last_heard for n in leased) <= now - quiet_s
 
     def silent(self, now: float, after_s: float, role: Role) -> list[NodeRecord]:
         """Leased nodes of ``role`` not heard from for ``after_s`` (their lease still runs)."""

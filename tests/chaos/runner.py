@@ -20,6 +20,7 @@ from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo.run import FINISHED, pick_target
 from stalwart.demo.watch import EventRecorder, param_client, pull_weights
+from tests.chaos.netns import TestNet
 from tests.chaos.schedule import Fault
 from tests.integration.cluster import support
 
@@ -41,7 +42,11 @@ class Outcome(support.Outcome):
     applied: list[Applied] = field(default_factory=list)
 
 
-async def run(local: cluster.LocalCluster, spec, faults: list[Fault]) -> Outcome:
+async def run(
+    local: cluster.LocalCluster, spec, faults: list[Fault], net: TestNet | None = None
+) -> Outcome:
+    """``net``: the hosts of a cluster started on network namespaces, for the network
+    faults (``cut``, ``partition``)."""
     async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
         job = await client.create_job(spec)
         recorder = EventRecorder(client, job.job_id)
@@ -55,14 +60,16 @@ async def run(local: cluster.LocalCluster, spec, faults: list[Fault]) -> Outcome
                 if recorder.finished:
                     break
                 await cluster.wait_healthy(local, HEALTHY_WITHIN_S)  # health before
-                await _apply(local, client, job.job_id, recorder, fault, applied)
+                await _apply(local, net, client, job.job_id, recorder, fault, applied)
             await cluster.wait_healthy(local, HEALTHY_WITHIN_S)  # and after
             job = await _wait_finished(client, job.job_id)
-            ps = await param_client(client, job.job_id, spec)
-            try:
-                version, weights = await pull_weights(ps, job.job_id, spec.steps)
-            finally:
-                await ps.close()
+            version, weights = -1, {}
+            if job.state == coordinator.JOB_STATE_SUCCEEDED:  # else the state is the verdict
+                ps = await param_client(client, job.job_id, spec)
+                try:
+                    version, weights = await pull_weights(ps, job.job_id, spec.steps)
+                finally:
+                    await ps.close()
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -70,21 +77,31 @@ async def run(local: cluster.LocalCluster, spec, faults: list[Fault]) -> Outcome
     return Outcome(job, list(recorder.events), weights, version, applied=applied)
 
 
-async def _apply(local, client, job_id, recorder, fault: Fault, applied: list[Applied]) -> None:
+async def _apply(
+    local, net, client, job_id, recorder, fault: Fault, applied: list[Applied]
+) -> None:
     """The fault (and its pair, ``delay_s`` later) at once; returns when all are repaired."""
-    first = asyncio.create_task(_hit(local, client, job_id, recorder, fault, applied))
+    first = asyncio.create_task(_hit(local, net, client, job_id, recorder, fault, applied))
     tasks = [first]
     if fault.then is not None:
         await asyncio.sleep(fault.delay_s)  # the schedule's gap between the two faults
         tasks.append(
-            asyncio.create_task(_hit(local, client, job_id, recorder, fault.then, applied))
+            asyncio.create_task(_hit(local, net, client, job_id, recorder, fault.then, applied))
         )
     await asyncio.gather(*tasks)
 
 
-async def _hit(local, client, job_id, recorder, fault: Fault, applied: list[Applied]) -> None:
-    name = await target(fault.role, local, client, job_id)
+async def _hit(local, net, client, job_id, recorder, fault: Fault, applied: list[Applied]) -> None:
+    try:
+        name = await target(fault.role, local, client, job_id)
+    except TimeoutError:
+        if recorder.finished:
+            return  # the job ended while its trainers were sought: this fault never lands
+        raise
     applied.append(Applied(fault, name, recorder.step))
+    if fault.action in ("cut", "partition"):
+        await _network_fault(local, net, name, fault)
+        return
     if fault.action == "stop":
         local.pause(name)
         try:
@@ -97,6 +114,22 @@ async def _hit(local, client, job_id, recorder, fault: Fault, applied: list[Appl
         await cluster.wait_healthy(local, HEALTHY_WITHIN_S)
         applied.append(Applied(Fault(recorder.step, "kill", "stand-in"), stand_in, recorder.step))
         await _kill_and_replace(local, stand_in)
+
+
+async def _network_fault(local, net: TestNet | None, name: str, fault: Fault) -> None:
+    """Cut the host's link, or partition it from every coordinator, for ``stop_s``."""
+    assert net is not None, f"{fault.action} needs a cluster on network namespaces"
+    if fault.action == "cut":
+        net.cut(name)
+        undo = net.restore
+    else:
+        coordinators = [m.name for m in local.of_role("coordinator") if m.name != name]
+        net.partition(name, away_from=coordinators)
+        undo = net.heal
+    try:
+        await asyncio.sleep(fault.stop_s)  # the outage is the fault itself
+    finally:
+        undo(name)
 
 
 async def _kill_and_replace(local: cluster.LocalCluster, name: str) -> str:

@@ -39,9 +39,9 @@ WINDOW = (0.15, 0.85)
 @dataclass(frozen=True)
 class Fault:
     at_step: int
-    action: str  # kill | stop
+    action: str  # kill | stop; on network namespaces also cut | partition
     role: str
-    stop_s: float = 0.0  # how long a SIGSTOP lasts
+    stop_s: float = 0.0  # how long a SIGSTOP, cut link or partition lasts
     then: Fault | None = None  # a second fault, ``delay_s`` after this one
     delay_s: float = 0.0
     kill_stand_in: bool = False  # kill -9 the stand-in of a killed process once it serves

@@ -25,7 +25,7 @@ SEEDS = parse_seeds(os.environ.get("STALWART_CHAOS_SEEDS", "0-2"))
 STEPS = 200
 #: Each slot step takes at least this long, so the job outlasts the repairs between
 #: faults on a loaded machine (the schedule needs every fault to land mid-job).
-STEP_DELAY = "delay_s=0.05"
+STEP_DELAY = "delay_s=0.1"
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,8 +52,9 @@ def test_schedule_ends_succeeded_and_bitwise_equal(seed: int, fault_free, tmp_pa
     finally:
         local.stop(timeout_s=10)
     print("applied: " + "; ".join(f"{a.fault.action} {a.target} at {a.step}" for a in out.applied))
-    hit = [a for a in out.applied if a.fault.role != "stand-in"]
-    assert len(hit) == sum(1 + (f.then is not None) for f in faults), "a fault never landed"
+    # the invariants first: a job that outran its schedule still says whether it held
     assert out.job.state == coordinator.JOB_STATE_SUCCEEDED, out.job.reason
     assert out.version == STEPS
     assert_bitwise_equal(out.weights, fault_free)
+    hit = [a for a in out.applied if a.fault.role != "stand-in"]
+    assert len(hit) == sum(1 + (f.then is not None) for f in faults), "a fault never landed"

@@ -20,10 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from stalwart.api import common, coordinator
 from stalwart.client import CoordinatorClient
 from stalwart.healthcheck import probe
-from stalwart.procs import ServiceProcess, start_service
+from stalwart.procs import ServiceProcess
 from tests.backends import shm_url  # noqa: F401
-from tests.helpers import PRELOAD, assert_eventually
+from tests.helpers import assert_eventually
 from tests.integration.coordinator.support import job_spec, wait_leader
+from tests.launcher import Launcher
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -80,25 +81,14 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float:
     return sum(v for got, v in samples.get(name, []) if labels.items() <= got.items())
 
 
-class Cluster:
+class Cluster(Launcher):
     def __init__(self, run_dir: Path, store_url: str) -> None:
-        self.run_dir = run_dir
+        super().__init__(run_dir, "m" + uuid.uuid4().hex[:8], ("--grace-seconds", "2"), 90)
         self.store_url = store_url
-        self.prefix = "m" + uuid.uuid4().hex[:8]
-        self.procs: list[ServiceProcess] = []
 
     def start(self, module: str, name: str, *args: str) -> ServiceProcess:
-        # --metrics-port 0: a free port, written to the ready file
-        proc = start_service(module, ["--grace-seconds", "2", "--node-id", name, *args],
-                             self.run_dir, f"{self.prefix}-{name}", cwd=ROOT, timeout=90,
-                             preload=PRELOAD)  # fmt: skip
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.alive():
-                proc.terminate(timeout=10)
+        # --metrics-port 0 (the default): a free port, written to the ready file
+        return self.launch(module, name, "--node-id", name, *args)
 
 
 @pytest.fixture
@@ -107,7 +97,7 @@ def cluster(run_dir: Path, shm_url: str) -> Iterator[Cluster]:  # noqa: F811
     try:
         yield c
     finally:
-        c.stop()
+        c.stop_all()
 
 
 def test_every_dashboard_series_is_exported_by_its_service(cluster):

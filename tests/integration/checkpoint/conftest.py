@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.backends import ignite_url, redis_url, shm_url  # noqa: F401
-from tests.integration.paramserver.conftest import launcher, pytest_pyfunc_call  # noqa: F401
+from tests.integration.paramserver.conftest import launcher  # noqa: F401
 
 BACKENDS = ("shm", "redis", "ignite")
 

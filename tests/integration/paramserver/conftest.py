@@ -1,21 +1,13 @@
 """Fixtures for the paramserver integration tests: real replica processes on loopback.
 
-Every process is started through :func:`stalwart.procs.start_service` by a
-:class:`Launcher`, which stops every process it started when its fixture ends,
-whatever the test did to it (SIGKILL, SIGSTOP, restarts).
-
-Tests here are ``async def``: the small hook below runs each in its own event
-loop (gRPC aio channels belong to the loop that opened them).
+Every process is started by a :class:`Launcher` (the tests' one launcher,
+tests/launcher.py, with replica vocabulary), which stops every process it started
+when its fixture ends, whatever the test did to it (SIGKILL, SIGSTOP, restarts).
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import os
 import re
-import signal
-import subprocess
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.procs import ServiceProcess, start_service
-from tests.helpers import PRELOAD
+from stalwart.procs import ServiceProcess
+from tests import launcher as launchers
+from tests.launcher import ROOT  # noqa: F401 - for the tests here
 
-ROOT = Path(__file__).resolve().parents[3]
 MODULE = "services.paramserver"
 # Small limits, so that the oversize inputs stay small too (see test_bad_input.py).
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -39,59 +31,21 @@ SHARED_FLAGS = (
 )  # fmt: skip
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """Run ``async def`` tests of this folder with :func:`asyncio.run`."""
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    names = pyfuncitem._fixtureinfo.argnames
-    asyncio.run(pyfuncitem.obj(**{n: pyfuncitem.funcargs[n] for n in names}))
-    return True
-
-
-class Launcher:
+class Launcher(launchers.Launcher):
     """Starts paramserver replicas under one run folder; :meth:`stop_all` ends them all."""
 
     def __init__(self, run_dir: Path, prefix: str):
-        self.run_dir = run_dir
-        self.prefix = prefix
-        self.procs: list[ServiceProcess] = []
+        super().__init__(run_dir, prefix, flags=COMMON_FLAGS)
 
     def start(self, name: str, *args: str) -> ServiceProcess:
         """Start one replica (``--port X`` in args keeps a port across a restart)."""
-        proc = start_service(
-            MODULE,
-            [*COMMON_FLAGS, *args],
-            self.run_dir,
-            f"{self.prefix}-{name}",
-            timeout=60,
-            cwd=ROOT,
-            preload=PRELOAD,
-        )
-        self.procs.append(proc)
-        return proc
+        return self.launch(MODULE, name, *args)
 
     def start_many(self, specs: dict[str, Sequence[str]]) -> dict[str, ServiceProcess]:
         """Start several replicas at once (imports dominate start-up, so overlap them)."""
         with ThreadPoolExecutor(len(specs)) as pool:
             futures = {name: pool.submit(self.start, name, *args) for name, args in specs.items()}
         return {name: f.result() for name, f in futures.items()}
-
-    def stop_all(self) -> None:
-        """SIGCONT (a stopped process ignores SIGTERM), SIGTERM all, then reap or SIGKILL."""
-        alive = [p for p in self.procs if p.alive()]
-        for proc in alive:
-            for sig in (signal.SIGCONT, signal.SIGTERM):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-        for proc in alive:
-            try:
-                proc.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.procs.clear()
 
 
 def _slug(text: str) -> str:

@@ -112,9 +112,45 @@ def test_membership_declares_dead_by_the_detector_not_a_fixed_lease():
         m.heartbeat("t2", now)
     assert m.expire(now + 1.4) == []
     assert m.window_s("t2") > m.window_s("t1")
+    m.heartbeat("t2", now + 1.5)
+    m.heartbeat("t2", now + 3.0)
     died = m.expire(now + 4.0)
     assert [n.node_id for n in died] == ["t1"]  # silent 4 s at 0.2 s intervals
     assert m.nodes["t2"].state is NodeState.ALIVE
+
+
+def _beating(m: Membership, ids: list[str], until: float, start: float = 0.0) -> None:
+    t = start
+    while t < until:
+        t += 0.2
+        for node_id in ids:
+            m.heartbeat(node_id, t)
+
+
+def test_a_coordinator_that_hears_nobody_declares_nobody_dead():
+    m = _members()
+    for node_id, role in (("t1", Role.TRAINER), ("t2", Role.TRAINER), ("p1", Role.PARAMSERVER)):
+        m.register(NodeRecord(node_id, role, f"{node_id}:1"), 0.0)
+    _beating(m, ["t1", "t2", "p1"], 10.0)
+    # its link is cut: every node falls silent at once, for longer than any window
+    assert m.hears_nobody(10.0 + DEFAULTS.ceiling_s)
+    assert m.expire(10.0 + DEFAULTS.ceiling_s) == []
+    # heard again: every node gets a fresh window, nobody is dead
+    m.heartbeat("t1", 50.0)
+    assert m.expire(50.0) == []
+    assert all(n.state is NodeState.ALIVE for n in m.nodes.values())
+    # t1 goes on beating, t2 and p1 stay silent: now their silence is their own
+    _beating(m, ["t1"], 50.0 + DEFAULTS.floor_s + 1.0, start=50.0)
+    died = m.expire(50.0 + DEFAULTS.floor_s + 1.0)
+    assert [n.node_id for n in died] == ["p1", "t2"]
+    assert m.nodes["t1"].state is NodeState.ALIVE
+
+
+def test_one_silent_node_among_beating_ones_and_a_lone_node_are_declared_dead():
+    m = _members()
+    m.register(NodeRecord("t1", Role.TRAINER, "t1:1"), 0.0)
+    assert not m.hears_nobody(DEFAULTS.ceiling_s)  # one node: its silence is its own
+    assert [n.node_id for n in m.expire(DEFAULTS.ceiling_s)] == ["t1"]
 
 
 def test_silent_counts_from_the_last_beat():

@@ -26,9 +26,10 @@ def members(*ids: str, now: float = 0.0) -> Membership:
     ],
 )
 def test_expire(beats, now, dead):
-    m = members("a", "b")
+    m = members("a", "b", "c")
     for node_id, t in beats.items():
         m.heartbeat(node_id, t)
+    m.heartbeat("c", now)  # the coordinator hears someone: the silence of a and b is theirs
     assert [n.node_id for n in m.expire(now)] == dead
     assert m.expire(now) == []  # declared once
 
