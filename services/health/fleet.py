@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.health import rules
-from services.health.online import FleetForest
+from services.health.online import DEFAULT_DETECTOR, FleetForest
 from services.health.window import NodeWindow, Sample
 
 ANOMALY = "anomaly"
@@ -35,6 +35,7 @@ class HealthConfig:
     anomaly_weight: float = 0.6
     alert_repeat_seconds: float = 30.0
     peer_stale_seconds: float = 30.0
+    detector: str = DEFAULT_DETECTOR
     rules: rules.RuleConfig = field(default_factory=rules.RuleConfig)
 
 
@@ -46,6 +47,8 @@ class Assessment:
     top_signals: tuple[str, ...]
     time: float
     reasons: tuple[str, ...] = ()
+    lead_s: float | None = None
+    """Predicted seconds to failure (the soonest a finding expects); None: none predicted."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Fleet:
     def __init__(self, config: HealthConfig = HealthConfig()):
         self.config = config
         self.windows: dict[str, NodeWindow] = {}
-        self.forest = FleetForest(config.fit_samples)
+        self.forest = FleetForest(config.fit_samples, detector=config.detector)
         self.assessments: dict[str, Assessment] = {}
         self.corrupt: dict[str, str] = {}  # node id -> why (sticky risk 1)
         self._last_alert: dict[tuple[str, str], float] = {}  # (node, kind) -> time
@@ -116,8 +119,9 @@ class Fleet:
             reasons.insert(0, self.corrupt[window.node_id])
             signals.insert(0, "data_corruption")
         signals += [s for s in top if s not in signals]
+        leads = [f.lead_s for f in findings if f.lead_s is not None]
         return Assessment(window.node_id, min(1.0, risk), anomaly, tuple(signals[:5]), now,
-                          tuple(reasons))  # fmt: skip
+                          tuple(reasons), min(leads) if leads else None)  # fmt: skip
 
     def _alerts(self, a: Assessment, now: float) -> list[AlertDraft]:
         cfg = self.config
