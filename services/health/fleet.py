@@ -128,7 +128,10 @@ class Fleet:
         out = []
         if a.risk >= cfg.drain_threshold and a.node_id not in self.corrupt:
             kind = STRAGGLER if a.top_signals[:1] == (rules.STEP_TIME,) else PREDICTED_FAILURE
-            out.append(AlertDraft(kind, a.node_id, a.risk, "; ".join(a.reasons), drain=True))
+            why = "; ".join(a.reasons)
+            if a.lead_s is not None:
+                why += f"; failure expected in {a.lead_s:.0f} s" if a.lead_s else "; failing now"
+            out.append(AlertDraft(kind, a.node_id, a.risk, why, drain=True))
         elif a.anomaly >= cfg.anomaly_alert:
             why = ", ".join(a.top_signals) or "unusual combination of readings"
             out.append(AlertDraft(ANOMALY, a.node_id, a.risk,

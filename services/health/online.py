@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 
-
 def gauge_names(samples: Sequence[Mapping[str, float]], share: float = 0.9) -> list[str]:
     """Metrics present in at least ``share`` of the samples, counters left out."""
     counts: dict[str, int] = {}
