@@ -33,6 +33,10 @@ class HealthConfig:
     drain_threshold: float = 0.8
     anomaly_alert: float = 0.995
     anomaly_weight: float = 0.6
+    anomaly_every_seconds: float = 2.0
+    """A node's anomaly score is recomputed at most this often (the rules run on every
+    sample): one Isolation Forest score takes 5-150 ms by the machine's load, and five
+    samples a second per node would outrun the service on a loaded machine."""
     alert_repeat_seconds: float = 30.0
     peer_stale_seconds: float = 30.0
     detector: str = DEFAULT_DETECTOR
@@ -68,6 +72,7 @@ class Fleet:
         self.assessments: dict[str, Assessment] = {}
         self.corrupt: dict[str, str] = {}  # node id -> why (sticky risk 1)
         self._last_alert: dict[tuple[str, str], float] = {}  # (node, kind) -> time
+        self._scored: dict[str, tuple[float, float, list[str]]] = {}  # node -> (t, score, top)
 
     # --- input ----------------------------------------------------------------------
 
@@ -110,7 +115,7 @@ class Fleet:
             + rules.thermal(window, cfg.rules)
             + rules.straggler(window, peers, cfg.rules)
         )
-        anomaly, top = self.forest.score(window.samples[-1].metrics)
+        anomaly, top = self._anomaly(window, now)
         risk = max([f.risk for f in findings] + [cfg.anomaly_weight * anomaly])
         reasons = [f.message for f in sorted(findings, key=lambda f: -f.risk)]
         signals = [f.signal for f in sorted(findings, key=lambda f: -f.risk)]
@@ -122,6 +127,15 @@ class Fleet:
         leads = [f.lead_s for f in findings if f.lead_s is not None]
         return Assessment(window.node_id, min(1.0, risk), anomaly, tuple(signals[:5]), now,
                           tuple(reasons), min(leads) if leads else None)  # fmt: skip
+
+    def _anomaly(self, window: NodeWindow, now: float) -> tuple[float, list[str]]:
+        last = self._scored.get(window.node_id)
+        if last is not None and 0 <= now - last[0] < self.config.anomaly_every_seconds:
+            return last[1], last[2]
+        anomaly, top = self.forest.score(window.samples[-1].metrics)
+        if self.forest.fitted:  # before the fit every score is 0: score again once fitted
+            self._scored[window.node_id] = (now, anomaly, top)
+        return anomaly, top
 
     def _alerts(self, a: Assessment, now: float) -> list[AlertDraft]:
         cfg = self.config

@@ -34,6 +34,9 @@ class HealthSettings(ServiceSettings):
     telemetry, by the same code as `stalwart health eval`: isolation_forest, pca or
     threshold_rule (point-wise ones: pooled samples of many nodes are no time series)."""
 
+    anomaly_every_seconds: float = Field(default=2.0, ge=0)
+    """A node's anomaly score is recomputed at most this often (the rules: every sample)."""
+
     max_metrics: int = Field(default=256, ge=1)
     """Most metrics one sample may carry (RESOURCE_EXHAUSTED above)."""
 
@@ -59,6 +62,7 @@ class HealthSettings(ServiceSettings):
             drain_threshold=self.drain_threshold,
             alert_repeat_seconds=self.alert_repeat_seconds,
             detector=self.detector,
+            anomaly_every_seconds=self.anomaly_every_seconds,
             rules=RuleConfig(
                 temp_warn_c=self.temp_warn_celsius,
                 temp_critical_c=self.temp_critical_celsius,

@@ -226,3 +226,17 @@ def test_the_online_detector_is_the_offline_one_with_its_scaling(name):
 def test_only_point_wise_detectors_serve_online():
     with pytest.raises(ValueError, match="isolation_forest, pca, threshold_rule"):
         FleetForest(detector="forecast")
+
+
+def test_the_anomaly_score_is_recomputed_at_most_every_few_seconds():
+    fleet = Fleet(HealthConfig(fit_samples=50, anomaly_every_seconds=2.0))
+    for i in range(50):
+        fleet.observe(f"n{i % 5}", float(i), i, {"gpu_power_watts": 300.0 + (i % 7)})
+    fleet.forest.fit()
+    a, _ = fleet.observe("n1", 60.0, 60, {"gpu_power_watts": 300.0})
+    b, _ = fleet.observe("n1", 61.0, 61, {"gpu_power_watts": 100.0})  # 1 s later: kept
+    c, _ = fleet.observe("n1", 62.5, 62, {"gpu_power_watts": 100.0})  # 2.5 s: scored
+    assert a.anomaly < 1.0 and b.anomaly == a.anomaly and c.anomaly == 1.0
+    # the rules are not throttled: a hot GPU counts on the sample that shows it
+    d, _ = fleet.observe("n1", 63.0, 63, {"gpu_power_watts": 100.0, "gpu_temperature_celsius": 95})
+    assert d.risk == 1.0 and d.top_signals[0] == "gpu_temperature_celsius"
