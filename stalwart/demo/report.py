@@ -52,7 +52,7 @@ def build(
             "coordinators": len(local.of_role("coordinator")),
             "paramservers": len(local.of_role("paramserver")),
             "trainers": config.trainers,
-            "standbys": config.standbys,
+            "standbys": sum(m.started_as == "standby" for m in local.of_role("trainer")),
             "health_service": bool(local.health_address),
             "store_url": local.store_url,
         },
