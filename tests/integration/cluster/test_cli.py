@@ -32,10 +32,11 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.timeout(600)  # stalwart up starts ten processes on a loaded machine
 def test_up_submit_status_down_then_refused(tmp_path: Path):
     runs = tmp_path / "runs"
     up = stalwart("up", "--trainers", "2", "--standbys", "0", "--runs-root", str(runs),
-                  "-o", "json", timeout=240)  # fmt: skip
+                  "-o", "json", timeout=420)  # fmt: skip
     assert up.returncode == 0, up.stderr
     state = json.loads(up.stdout)
     run_dir = state["run_dir"]
