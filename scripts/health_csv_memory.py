@@ -1,6 +1,7 @@
 """Memory and time of fleet CSV ingestion on a transceiver export of a given size.
 
     python scripts/health_csv_memory.py write PATH MB   # an export of about MB MiB
+    python scripts/health_csv_memory.py parquet CSV OUT # the same rows as Parquet
     python scripts/health_csv_memory.py read PATH       # ingest it; print time and max RSS
 
 The export repeats 200 generated modules (seed 99) under new entity names until it
@@ -36,6 +37,23 @@ def write(path: str, mib: float) -> None:
             rep += 1
 
 
+def to_parquet(csv_path: str, out: str) -> None:
+    """The CSV's rows as Parquet, converted block by block (bounded memory): entity and
+    split as text, every other column float64 (empty cells become nulls)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    with open(csv_path) as fh:
+        names = fh.readline().strip().split(",")
+    types = {n: (pa.string() if n in ("entity", "split") else pa.float64()) for n in names}
+    reader = pacsv.open_csv(csv_path, convert_options=pacsv.ConvertOptions(column_types=types),
+                            read_options=pacsv.ReadOptions(block_size=16 << 20))
+    with pq.ParquetWriter(out, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch, row_group_size=256 * 1024)
+
+
 def read(path: str) -> None:
     t0 = time.time()
     ds = fleetcsv.load(path, fleetcsv.CsvOptions(profile="transceiver"))
@@ -47,5 +65,7 @@ def read(path: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         write(sys.argv[2], float(sys.argv[3]))
+    elif sys.argv[1] == "parquet":
+        to_parquet(sys.argv[2], sys.argv[3])
     else:
         read(sys.argv[2])

@@ -5,7 +5,10 @@
 - 2 coordinators sharing one ``shm://`` store (one leads, one is a hot standby);
 - per shard group a paramserver primary, its backup(s) and a warm spare replica
   (the coordinator installs the spare as backup when a backup dies or hangs);
-- N trainers and M warm standbys.
+- N trainers and M warm standbys;
+- with ``health=True`` (``stalwart up`` and the demo; off for test suites and
+  benchmarks), the health service, which every trainer streams its telemetry to
+  and whose alerts and risks the coordinators act on (``--health`` on both).
 
 Everything goes under one run folder ``runs/<timestamp>/``: the state file
 ``cluster.json`` (names, roles, addresses, pids), and ``logs/<name>.log``.
@@ -22,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +51,7 @@ MODULES = {
     "coordinator": "services.coordinator",
     "paramserver": "services.paramserver",
     "trainer": "services.trainer",
+    "health": "services.health",
 }
 
 
@@ -91,8 +96,14 @@ class ClusterConfig:
     """Longest one process may take to serve (imports are slow on a loaded machine)."""
     extra_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """More flags per role (``coordinator``, ``paramserver``, ``trainer``), e.g. timings."""
+    member_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """More flags for one member by name, e.g. the demo's heating ``trainer-0``."""
     trainer_env: dict[str, str] = field(default_factory=dict)
     """Environment added to trainers (tests set ``STALWART_FAULTS`` through it)."""
+    health: bool = False
+    """Start the health service and wire coordinators and trainers to it. ``stalwart up``
+    and ``stalwart demo`` turn it on (``--no-health`` opts out); the library default stays
+    off so test clusters and benchmarks keep their shape and figures."""
     preload_services: bool = False
     """Fork services from a server with torch imported (test suites; see
     :mod:`stalwart.procs`). Off for ``stalwart up``: its services outlive the command."""
@@ -106,7 +117,7 @@ class Member:
     """One process of the cluster, as written to the state file."""
 
     name: str
-    role: str  # coordinator | paramserver | trainer
+    role: str  # coordinator | paramserver | trainer | health
     address: str
     pid: int
     log: str
@@ -140,6 +151,12 @@ class LocalCluster:
     def coordinator_addresses(self) -> list[str]:
         # a stand-in coordinator reuses its predecessor's address: list it once
         return list(dict.fromkeys(m.address for m in self.of_role("coordinator")))
+
+    @property
+    def health_address(self) -> str:
+        """The health service's address ("" when the cluster runs without one)."""
+        found = self.of_role("health")
+        return found[-1].address if found else ""
 
     def paramserver_addresses(self, shard: int) -> list[str]:
         return [m.address for m in self.of_role("paramserver") if m.shard == shard]
@@ -197,7 +214,7 @@ class LocalCluster:
         n = sum(1 for m in self.members if m.name.startswith(f"{name}.")) + 1
         new = f"{name}.{n}"
         if dead.role == "coordinator":
-            spec = _coordinator_spec(new, self.store_url, self.config)
+            spec = _coordinator_spec(new, self.store_url, self.config, self.health_address)
             same_port = _Spec(
                 new, spec.role, (*spec.args, "--port", dead.address.rsplit(":", 1)[1])
             )
@@ -210,10 +227,14 @@ class LocalCluster:
                 member = self._start(spec)
             self.save()
             return member
-        if dead.role == "paramserver":
+        if dead.role == "health":  # same port: coordinators and trainers keep dialling it
+            port = dead.address.rsplit(":", 1)[1]
+            spec = _health_spec(new, self.coordinator_addresses, port)
+        elif dead.role == "paramserver":
             spec = _paramserver_spec(new, dead.shard, [], self.coordinator_addresses, True)
         else:
-            spec = _trainer_spec(new, self.coordinator_addresses, True, self.config)
+            spec = _trainer_spec(new, self.coordinator_addresses, True, self.config,
+                                 self.health_address)  # fmt: skip
         member = self._start(spec)
         self.save()
         return member
@@ -222,7 +243,8 @@ class LocalCluster:
 
     def _start(self, spec: _Spec) -> Member:
         args = [*_COMMON_FLAGS, "--node-id", spec.name, *spec.args,
-                *self.config.extra_args.get(spec.role, ())]  # fmt: skip
+                *self.config.extra_args.get(spec.role, ()),
+                *self.config.member_args.get(spec.name, ())]  # fmt: skip
         host = self.config.hosts.get(spec.name)
         if host is not None:
             args += ["--host", host.ip, "--insecure"]
@@ -282,11 +304,19 @@ class _Spec:
     env: dict[str, str] | None = None
 
 
-def _coordinator_spec(name: str, store_url: str, config: ClusterConfig) -> _Spec:
+def _coordinator_spec(
+    name: str, store_url: str, config: ClusterConfig, health: str = ""
+) -> _Spec:
     args = ("--store-url", store_url)
     if config.spares:  # the primary keeps `backups` backups; the rest are spares
         args += ("--paramserver-backups", str(config.backups))
+    if health:
+        args += ("--health", health)
     return _Spec(name, "coordinator", args)
+
+
+def _health_spec(name: str, coordinators: list[str], port: str) -> _Spec:
+    return _Spec(name, "health", ("--coordinator", ",".join(coordinators), "--port", port))
 
 
 def _paramserver_spec(
@@ -300,9 +330,10 @@ def _paramserver_spec(
 
 
 def _trainer_spec(
-    name: str, coordinators: list[str], standby: bool, config: ClusterConfig
+    name: str, coordinators: list[str], standby: bool, config: ClusterConfig, health: str = ""
 ) -> _Spec:
     args = ["--coordinator", ",".join(coordinators)] + (["--standby"] if standby else [])
+    args += ["--health", health] if health else []
     return _Spec(name, "trainer", tuple(args), -1, "standby" if standby else "slot",
                  dict(config.trainer_env) or None)  # fmt: skip
 
@@ -367,20 +398,30 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
 def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
     workers = (config.coordinators + config.shards * (1 + config.backups + config.spares)
                + config.trainers)  # fmt: skip
-    with ThreadPoolExecutor(max_workers=max(4, workers + config.standbys)) as pool:
+    # The health service needs the coordinators' addresses (it registers with them) and
+    # they need its address: its port is picked first, so it starts beside the nodes and
+    # adds nothing to the coordinators' start. Both sides redial until the other serves.
+    port = _free_port() if config.health else 0
+    health = f"127.0.0.1:{port}" if port else ""
+    with ThreadPoolExecutor(max_workers=max(4, workers + config.standbys + 1)) as pool:
         coord_specs = [
-            _coordinator_spec(f"coord-{i}", cluster.store_url, config)
+            _coordinator_spec(f"coord-{i}", cluster.store_url, config, health)
             for i in range(config.coordinators)
         ]
         coords = [m.address for m in cluster._start_all(coord_specs, pool)]
         nodes = [
-            pool.submit(cluster._start, _trainer_spec(f"trainer-{i}", coords, False, config))
-            for i in range(config.trainers)
-        ]
+            pool.submit(cluster._start, _health_spec("health", coords, str(port)))
+        ] if port else []  # fmt: skip
         nodes += [
-            pool.submit(cluster._start, _trainer_spec(f"standby-{i}", coords, True, config))
+            pool.submit(cluster._start,
+                        _trainer_spec(f"trainer-{i}", coords, False, config, health))
+            for i in range(config.trainers)
+        ]  # fmt: skip
+        nodes += [
+            pool.submit(cluster._start,
+                        _trainer_spec(f"standby-{i}", coords, True, config, health))
             for i in range(config.standbys)
-        ]
+        ]  # fmt: skip
         groups = [
             pool.submit(_start_group, cluster, shard, config, coords, pool)
             for shard in range(config.shards)
@@ -388,7 +429,7 @@ def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
         for future in [*groups, *nodes]:
             future.result()  # raises the first failure
     # state-file order: coordinators, paramservers, trainers (threads finish in any order)
-    order = {"coordinator": 0, "paramserver": 1, "trainer": 2}
+    order = {"coordinator": 0, "paramserver": 1, "trainer": 2, "health": 3}
     cluster.members.sort(key=lambda m: (order[m.role], m.shard, m.name))
 
 
@@ -404,6 +445,13 @@ def _start_group(
     started = cluster._start_all(specs, pool) if specs else []
     backups = [m.address for m in started[: config.backups]]  # the rest are spares
     cluster._start(_paramserver_spec(f"ps-{shard}a", shard, backups, coords, False))
+
+
+def _free_port() -> int:
+    """A loopback port free right now (the health service binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _repo_root() -> Path | None:
@@ -459,7 +507,7 @@ def stop_members(members: Sequence[Member], timeout_s: float) -> None:
     Trainers first, coordinators last, but without waiting in between: all get
     the signal within milliseconds and shut down in parallel.
     """
-    order = {"trainer": 0, "paramserver": 1, "coordinator": 2}
+    order = {"trainer": 0, "health": 1, "paramserver": 1, "coordinator": 2}
     live = [m for m in sorted(members, key=lambda m: order.get(m.role, 3)) if _is_ours(m)]
     for m in live:
         _signal_group(m.pid, signal.SIGTERM)

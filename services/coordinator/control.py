@@ -77,6 +77,9 @@ class Control:
         self._dirty_groups: set[int] = set()
         self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
         self.task_errors = taskerrors.TaskErrors()
+        # node id -> why its drain started, until the NODE_DRAINED event names it
+        # (in memory: a drain finished by a new leader is announced without a reason)
+        self._drain_reasons: dict[str, str] = {}
 
     # --- guards and I/O ------------------------------------------------------------
 
@@ -302,6 +305,7 @@ class Control:
             if drain.decide_drain(node.state) is drain.DrainDecision.START:
                 node.state = NodeState.DRAINING
                 self._dirty_nodes.add(node_id)
+                self._drain_reasons[node_id] = reason
                 metrics.drain_started(node_id)  # a recovery's start: node_drained
                 log.info("draining", node=node_id, reason=reason)
                 self._reconcile(time.time())
@@ -460,9 +464,12 @@ class Control:
         self._dirty_nodes.add(a.node_id)
         if isinstance(a, placement.MarkDrained):
             self.members.nodes[a.node_id].state = NodeState.DRAINED
+            reason = self._drain_reasons.pop(a.node_id, "")
             self.events.add(
-                EV.EVENT_KIND_NODE_DRAINED, f"node {a.node_id} drained", node_id=a.node_id
-            )
+                EV.EVENT_KIND_NODE_DRAINED,
+                f"node {a.node_id} drained" + (f": {reason}" if reason else ""),
+                node_id=a.node_id, **({"reason": reason} if reason else {}),
+            )  # fmt: skip
         elif isinstance(a, placement.Assign):
             job = self.jobs[a.job_id]
             kind = EV.EVENT_KIND_STANDBY_PROMOTED if a.from_standby else EV.EVENT_KIND_SLOT_ASSIGNED

@@ -78,7 +78,9 @@ class HealthWatch:
         log.warning("draining a node the health service expects to fail",
                     node=node_id, risk=round(risk, 3), why=why)  # fmt: skip
         with contextlib.suppress(StalwartError):  # NOT_LEADER, or gone meanwhile
-            await self.control.drain_node(node_id, f"health risk {risk:.2f}: {why}")
+            await self.control.drain_node(
+                node_id, f"health service predicts a failure (risk {risk:.2f}): {why}"
+            )
 
     async def _poll_forever(self) -> None:
         while True:

@@ -14,12 +14,13 @@ are already standardised (the failure predictor's window summaries) and scales n
 from __future__ import annotations
 
 import numpy as np
-import torch
 from sklearn.decomposition import PCA
 from sklearn.ensemble import IsolationForest
-from torch import nn
 
 from services.health.scaling import RobustScaler
+
+# torch is imported by the autoencoder only, when it is used: the health service fits
+# point-wise detectors online and should not carry torch (seconds, hundreds of MB).
 
 
 class Detector:
@@ -177,21 +178,18 @@ class Forecast(Detector):
         return self.feature_errors(x).mean(axis=1)
 
 
-class _AE(nn.Module):
-    def __init__(self, n_in: int, hidden: int, code: int):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(n_in, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, code),
-            nn.ReLU(),
-            nn.Linear(code, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, n_in),
-        )
+def _ae_net(n_in: int, hidden: int, code: int):
+    from torch import nn
 
-    def forward(self, x):
-        return self.net(x)
+    return nn.Sequential(
+        nn.Linear(n_in, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, code),
+        nn.ReLU(),
+        nn.Linear(code, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, n_in),
+    )
 
 
 class Autoencoder(Detector):
@@ -218,9 +216,11 @@ class Autoencoder(Detector):
         self.epochs, self.lr, self.batch = epochs, lr, batch
 
     def _fit(self, x):
+        import torch
+
         torch.manual_seed(self.seed)
         w = torch.from_numpy(sliding(x, self.window).astype(np.float32))
-        self.model = _AE(w.shape[1], self.hidden, self.code)
+        self.model = _ae_net(w.shape[1], self.hidden, self.code)
         opt = torch.optim.Adam(self.model.parameters(), lr=self.lr)
         gen = torch.Generator().manual_seed(self.seed)
         self.model.train()
@@ -233,12 +233,16 @@ class Autoencoder(Detector):
         self.model.eval()
 
     def _score(self, x):
+        import torch
+
         w = torch.from_numpy(sliding(np.asarray(x, np.float32), self.window))
         with torch.no_grad():
             return ((self.model(w) - w) ** 2).mean(dim=1).numpy().astype(np.float64)
 
     def feature_errors(self, x: np.ndarray) -> np.ndarray:
         """(n, d) squared reconstruction error per metric, averaged over the window."""
+        import torch
+
         x = np.asarray(x, np.float32)
         w = torch.from_numpy(sliding(x, self.window))
         with torch.no_grad():

@@ -42,8 +42,9 @@ def load(name: str, machines: list[str] | None, seed: int, horizon: float | None
         return datasets.load_cmapss(horizon or 30.0)
     if name == "transceiver":
         return transceiver.load_transceiver(seed)
-    if name.startswith("csv:"):
-        return datasets.load_csv(name[4:], horizon or 24.0, seed, **(csv_opts or {}))
+    if name.startswith(("csv:", "parquet:")):  # the file's suffix says which format
+        path = name.split(":", 1)[1]
+        return datasets.load_csv(path, horizon or 24.0, seed, **(csv_opts or {}))
     raise ValueError(f"unknown dataset {name!r}: smd, asd, cmapss, transceiver or csv:PATH")
 
 

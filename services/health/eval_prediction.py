@@ -95,7 +95,9 @@ def _build(ds: PredictionSet, seed: int):
     scale = Scaler().fit([cl[id(e)] for e in fit_e])
 
     def win(ents, stride):
-        xs = [features(scale(cl[id(e)]), st["baseline"], counters + list(deltas), lanes)
+        # Each entity is in one of the three sets: its cleaned series is dropped once its
+        # features are made, so a large fleet's cleaned copy is not held to the end.
+        xs = [features(scale(cl.pop(id(e))), st["baseline"], counters + list(deltas), lanes)
               for e in ents]
         return make_windows(ents, xs, st["length"], ds.horizon, shift, stride), ents
 

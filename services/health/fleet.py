@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.health import rules
-from services.health.online import FleetForest
+from services.health.online import DEFAULT_DETECTOR, FleetForest
 from services.health.window import NodeWindow, Sample
 
 ANOMALY = "anomaly"
@@ -33,8 +33,13 @@ class HealthConfig:
     drain_threshold: float = 0.8
     anomaly_alert: float = 0.995
     anomaly_weight: float = 0.6
+    anomaly_every_seconds: float = 2.0
+    """A node's anomaly score is recomputed at most this often (the rules run on every
+    sample): one Isolation Forest score takes 5-150 ms by the machine's load, and five
+    samples a second per node would outrun the service on a loaded machine."""
     alert_repeat_seconds: float = 30.0
     peer_stale_seconds: float = 30.0
+    detector: str = DEFAULT_DETECTOR
     rules: rules.RuleConfig = field(default_factory=rules.RuleConfig)
 
 
@@ -46,6 +51,8 @@ class Assessment:
     top_signals: tuple[str, ...]
     time: float
     reasons: tuple[str, ...] = ()
+    lead_s: float | None = None
+    """Predicted seconds to failure (the soonest a finding expects); None: none predicted."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,11 @@ class Fleet:
     def __init__(self, config: HealthConfig = HealthConfig()):
         self.config = config
         self.windows: dict[str, NodeWindow] = {}
-        self.forest = FleetForest(config.fit_samples)
+        self.forest = FleetForest(config.fit_samples, detector=config.detector)
         self.assessments: dict[str, Assessment] = {}
         self.corrupt: dict[str, str] = {}  # node id -> why (sticky risk 1)
         self._last_alert: dict[tuple[str, str], float] = {}  # (node, kind) -> time
+        self._scored: dict[str, tuple[float, float, list[str]]] = {}  # node -> (t, score, top)
 
     # --- input ----------------------------------------------------------------------
 
@@ -107,7 +115,7 @@ class Fleet:
             + rules.thermal(window, cfg.rules)
             + rules.straggler(window, peers, cfg.rules)
         )
-        anomaly, top = self.forest.score(window.samples[-1].metrics)
+        anomaly, top = self._anomaly(window, now)
         risk = max([f.risk for f in findings] + [cfg.anomaly_weight * anomaly])
         reasons = [f.message for f in sorted(findings, key=lambda f: -f.risk)]
         signals = [f.signal for f in sorted(findings, key=lambda f: -f.risk)]
@@ -116,15 +124,28 @@ class Fleet:
             reasons.insert(0, self.corrupt[window.node_id])
             signals.insert(0, "data_corruption")
         signals += [s for s in top if s not in signals]
+        leads = [f.lead_s for f in findings if f.lead_s is not None]
         return Assessment(window.node_id, min(1.0, risk), anomaly, tuple(signals[:5]), now,
-                          tuple(reasons))  # fmt: skip
+                          tuple(reasons), min(leads) if leads else None)  # fmt: skip
+
+    def _anomaly(self, window: NodeWindow, now: float) -> tuple[float, list[str]]:
+        last = self._scored.get(window.node_id)
+        if last is not None and 0 <= now - last[0] < self.config.anomaly_every_seconds:
+            return last[1], last[2]
+        anomaly, top = self.forest.score(window.samples[-1].metrics)
+        if self.forest.fitted:  # before the fit every score is 0: score again once fitted
+            self._scored[window.node_id] = (now, anomaly, top)
+        return anomaly, top
 
     def _alerts(self, a: Assessment, now: float) -> list[AlertDraft]:
         cfg = self.config
         out = []
         if a.risk >= cfg.drain_threshold and a.node_id not in self.corrupt:
             kind = STRAGGLER if a.top_signals[:1] == (rules.STEP_TIME,) else PREDICTED_FAILURE
-            out.append(AlertDraft(kind, a.node_id, a.risk, "; ".join(a.reasons), drain=True))
+            why = "; ".join(a.reasons)
+            if a.lead_s is not None:
+                why += f"; failure expected in {a.lead_s:.0f} s" if a.lead_s else "; failing now"
+            out.append(AlertDraft(kind, a.node_id, a.risk, why, drain=True))
         elif a.anomaly >= cfg.anomaly_alert:
             why = ", ".join(a.top_signals) or "unusual combination of readings"
             out.append(AlertDraft(ANOMALY, a.node_id, a.risk,

@@ -32,6 +32,9 @@ CSV schema (header row required, comma-separated, one row per poll):
   failure_time  when the entity failed, same forms as timestamp; empty if it never did;
                 the same on every row of the entity: failure prediction
   split         optional, train or test: per row for detection, per entity for prediction
+The same columns in a Parquet file (PATH ending .parquet or .pq), read in record
+batches: times as numbers, Arrow timestamps or ISO text; metrics numeric (or text
+holding numbers); null = missing. Rows are numbered as in the CSV (first data row = 2).
 Polls missing at the declared --poll-interval (default: the file's median spacing) are
 inserted as missed polls. --profile transceiver: columns NAME_0, NAME_1, ... are lanes
 of one quantity, and the transceiver window, shift and loss settings apply.
@@ -232,8 +235,11 @@ def load(path: str, opts: CsvOptions | None = None) -> DetectionSet | Prediction
     if opts.profile is not None and opts.profile not in PROFILES:
         raise CsvError(f"--profile {opts.profile!r}: one of {', '.join(PROFILES)}")
     if not p.is_file():
-        raise CsvError(f"csv file {p} not found (schema: stalwart health eval --help)")
-    metrics, ents, detection = _stream(p, opts)
+        raise CsvError(f"fleet file {p} not found (schema: stalwart health eval --help)")
+    from services.health import fleetparquet  # pyarrow only for Parquet files
+
+    read = fleetparquet.stream if fleetparquet.is_parquet(p) else _stream
+    metrics, ents, detection = read(p, opts)
     if not ents:
         raise CsvError(f"{p}: no data rows after the header")
     if detection:
@@ -277,17 +283,24 @@ def _lanes(metrics: list[str]) -> list[list[str]]:
             for g in groups.values() if len(g) > 1]
 
 
+def _median_spacing(ents: dict[str, _Rows]) -> float:
+    gaps = [np.diff(np.sort(np.frombuffer(e.t))) for e in ents.values() if len(e.t) > 1]
+    return float(np.median(np.concatenate(gaps))) if gaps else 1.0
+
+
 def _prediction(p: Path, metrics, ents: dict[str, _Rows], opts: CsvOptions) -> PredictionSet:
-    blocks = {ent: _blocks(e, len(metrics)) for ent, e in ents.items()}
-    gaps = [np.diff(b[0]) for b in blocks.values() if len(b[0]) > 1]
-    step = opts.poll_interval or (float(np.median(np.concatenate(gaps))) if gaps else 1.0)
+    step = opts.poll_interval or _median_spacing(ents)
     out, split = [], {}
-    for ent, (t, x, _, _) in blocks.items():
-        f = ents[ent].failure[0]
+    for ent, e in ents.items():
+        t, x, _, _ = _blocks(e, len(metrics))
+        f = e.failure[0]
         keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)  # the dead module
         t, x = fill_gaps(t[keep], x[keep], step)
         out.append(Entity(ent, t, x, f, "failing" if np.isfinite(f) else "healthy"))
-        split[ent] = _entity_split(p, ent, ents[ent])
+        split[ent] = _entity_split(p, ent, e)
+        # The raw rows are copied into the entity: free them now, so a large export
+        # is held once, not twice, at the peak.
+        e.t, e.x, e.label, e.train = array("d"), array("f"), array("b"), array("b")
     if any(s is None for s in split.values()):
         if any(s is not None for s in split.values()):
             raise CsvError(f"{p}: column 'split': given for some entities and not others")

@@ -1,18 +1,24 @@
-"""Online anomaly scoring: an Isolation Forest fitted on the fleet's own early telemetry.
+"""Online anomaly scoring: an offline detector fitted on the fleet's own early telemetry.
 
-There are no labels in a live cluster, so the forest learns what "normal" looks
+There are no labels in a live cluster, so the detector learns what "normal" looks
 like from the first ``fit_samples`` samples of every node together (nodes of one
 fleet run the same work, so peers are each other's reference). Gauges only:
 cumulative ``*_total`` counters grow forever and would look anomalous by age
-alone (the hardware rules read them instead). A sample's anomaly score is the
-fraction of the training samples that look more normal than it (the empirical
-CDF of the forest's score), so 0.99 means "stranger than 99% of what we saw".
+alone (the hardware rules read them instead).
 
-Gauges are scaled by ``scaling.RobustScaler``, the offline detectors' scaling (robust
-centre, floored spread, clipped; gauges constant while fitting left out of the forest).
-A forest cannot tell how far beyond the training range a point lies: every tree
-puts it in the leaf at the edge, beside the most extreme training points. So a
-point more than ``far_z`` robust spreads out on any gauge (unclipped) scores 1.
+One code path with the offline evaluation: the detector is an instance of
+``detectors.ALL[name]`` and is fitted by the same ``Detector.fit`` — ``RobustScaler``
+on the first 80% of the samples (robust centre, floored spread, clipped; gauges
+constant while fitting left out), the model on the same part, the last 20% (the most
+recent samples) held out. A sample's anomaly score is the share of those held-out
+scores below its own, so 0.99 means "stranger than 99% of recent normal telemetry":
+the held-out quantiles the offline thresholds are taken from. Only point-wise
+detectors (``POINTWISE``) serve online: the pooled samples of many nodes are not one
+time series, which the forecaster and the autoencoder's windows need.
+
+A point-wise detector cannot tell how far beyond the training range a point lies
+(every tree of a forest puts it in the leaf at the edge), so a point more than
+``far_z`` robust spreads out on any gauge (unclipped) scores 1.
 """
 
 from __future__ import annotations
@@ -20,8 +26,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-
-from services.health.scaling import RobustScaler
 
 
 def gauge_names(samples: Sequence[Mapping[str, float]], share: float = 0.9) -> list[str]:
@@ -35,14 +39,24 @@ def gauge_names(samples: Sequence[Mapping[str, float]], share: float = 0.9) -> l
     return sorted(n for n, c in counts.items() if c >= need)
 
 
+POINTWISE = ("isolation_forest", "pca", "threshold_rule")
+DEFAULT_DETECTOR = "isolation_forest"
+
+
 class FleetForest:
-    def __init__(self, fit_samples: int = 200, seed: int = 0, far_z: float = 6.0):
+    """The fleet's detector (an Isolation Forest by default; the name stays from then)."""
+
+    def __init__(self, fit_samples: int = 200, seed: int = 0, far_z: float = 6.0,
+                 detector: str = DEFAULT_DETECTOR):  # fmt: skip
+        if detector not in POINTWISE:
+            raise ValueError(f"online detector must be one of {', '.join(POINTWISE)}")
         self.fit_samples = fit_samples
         self.far_z = far_z
         self.seed = seed
+        self.detector_name = detector
         self.pending: list[Mapping[str, float]] = []
         self.features: list[str] = []
-        self.detector = None  # sklearn IsolationForest once fitted
+        self.detector = None  # a detectors.Detector once fitted
 
     @property
     def fitted(self) -> bool:
@@ -61,15 +75,14 @@ class FleetForest:
             self.pending.clear()  # nothing usable yet: start collecting again
             return
         x = self._matrix(self.pending, features, fill=None)
-        self.scaler = RobustScaler().fit(x)
-        self.mean = self.scaler.centre  # a missing reading takes the training centre
-        z = self.scaler.transform(x)
         # Imported here: scikit-learn takes seconds to import, and the service
         # should answer before the fleet has sent enough samples to fit on.
-        from sklearn.ensemble import IsolationForest
+        from services.health import detectors
 
-        detector = IsolationForest(n_estimators=100, random_state=self.seed, n_jobs=1).fit(z)
-        self.train_scores = np.sort(-detector.score_samples(z))
+        detector = detectors.ALL[self.detector_name](seed=self.seed).fit(x)
+        self.held_out = np.sort(detector.tail_scores)
+        self.scaler = detector.scaler
+        self.mean = self.scaler.centre  # a missing reading takes the training centre
         self.features, self.detector = features, detector
         self.pending.clear()
 
@@ -78,11 +91,9 @@ class FleetForest:
         if self.detector is None:
             return 0.0, []
         x = self._matrix([metrics], self.features, fill=self.mean)
-        raw = float(-self.detector.score_samples(self.scaler.transform(x))[0])
+        raw = float(self.detector.score(x)[0])
         z = self.scaler.z(x)
-        anomaly = float(np.searchsorted(self.train_scores, raw, side="left")) / len(
-            self.train_scores
-        )
+        anomaly = float(np.searchsorted(self.held_out, raw, side="left")) / len(self.held_out)
         if np.abs(z[0]).max() >= self.far_z:
             anomaly = 1.0
         order = np.argsort(-np.abs(z[0]))

@@ -50,6 +50,8 @@ class Finding:
     risk: float
     signal: str
     message: str
+    lead_s: float | None = None
+    """Seconds until the failure this finding expects (0: now); None: it predicts none."""
 
 
 def hardware(window: NodeWindow) -> list[Finding]:
@@ -58,11 +60,13 @@ def hardware(window: NodeWindow) -> list[Finding]:
     for name in ECC_COUNTERS:
         grew = window.increase(name)
         if grew > 0:
-            out.append(Finding("hardware", 1.0, name, f"{grew:g} uncorrectable ECC errors"))
+            out.append(Finding("hardware", 1.0, name, f"{grew:g} uncorrectable ECC errors",
+                               lead_s=0.0))  # fmt: skip
     if window.increase(XID_COUNTER) > 0:
         code = int(window.latest(XID_LAST) or 0)
-        risk = 1.0 if code in FATAL_XIDS or code == 0 else 0.6
-        out.append(Finding("hardware", risk, XID_COUNTER, f"Xid error (last code {code})"))
+        fatal = code in FATAL_XIDS or code == 0
+        out.append(Finding("hardware", 1.0 if fatal else 0.6, XID_COUNTER,
+                           f"Xid error (last code {code})", 0.0 if fatal else None))  # fmt: skip
     return out
 
 
@@ -75,7 +79,18 @@ def thermal(window: NodeWindow, cfg: RuleConfig) -> list[Finding]:
     slope = window.slope(TEMPERATURE)  # degrees per second
     if slope > 0 and t + slope * cfg.temp_lead_seconds >= cfg.temp_critical_c:
         risk = max(risk, 0.85)
-    return [Finding("thermal", risk, TEMPERATURE, f"GPU at {t:.1f} C, rising {slope:.2f} C/s")]
+    return [Finding("thermal", risk, TEMPERATURE, f"GPU at {t:.1f} C, rising {slope:.2f} C/s",
+                    thermal_lead(t, slope, cfg))]  # fmt: skip
+
+
+def thermal_lead(t: float, slope: float, cfg: RuleConfig) -> float | None:
+    """Seconds until the recent trend reaches the critical temperature: 0 once there,
+    None while the temperature is not rising (a steady warm GPU predicts no time)."""
+    if t >= cfg.temp_critical_c:
+        return 0.0
+    if slope <= 0:
+        return None
+    return (cfg.temp_critical_c - t) / slope
 
 
 def straggler(window: NodeWindow, peers: Sequence[NodeWindow], cfg: RuleConfig) -> list[Finding]:

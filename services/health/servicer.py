@@ -67,8 +67,11 @@ def check_sample(sample, max_metrics: int) -> None:
 
 
 def risk_proto(a: Assessment) -> health.NodeRisk:
-    return health.NodeRisk(node_id=a.node_id, risk=a.risk, anomaly_score=a.anomaly,
+    risk = health.NodeRisk(node_id=a.node_id, risk=a.risk, anomaly_score=a.anomaly,
                            top_signals=list(a.top_signals), update_time=_ts(a.time))  # fmt: skip
+    if a.lead_s is not None:  # unset: no rule predicts a failure
+        risk.predicted_lead_time.FromNanoseconds(int(a.lead_s * 1e9))
+    return risk
 
 
 class HealthServicer(health_grpc.HealthMonitorServiceServicer):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from services.health.fleet import HealthConfig
+from services.health.online import DEFAULT_DETECTOR, POINTWISE
 from services.health.rules import RuleConfig
 from stalwart.settings import ServiceSettings
 
@@ -25,6 +28,14 @@ class HealthSettings(ServiceSettings):
 
     fit_samples: int = Field(default=200, ge=20)
     """Fleet samples the Isolation Forest is fitted on (the fleet's early telemetry)."""
+
+    detector: Literal[POINTWISE] = DEFAULT_DETECTOR
+    """Offline detector (services/health/detectors.py) fitted on the fleet's early
+    telemetry, by the same code as `stalwart health eval`: isolation_forest, pca or
+    threshold_rule (point-wise ones: pooled samples of many nodes are no time series)."""
+
+    anomaly_every_seconds: float = Field(default=2.0, ge=0)
+    """A node's anomaly score is recomputed at most this often (the rules: every sample)."""
 
     max_metrics: int = Field(default=256, ge=1)
     """Most metrics one sample may carry (RESOURCE_EXHAUSTED above)."""
@@ -50,6 +61,8 @@ class HealthSettings(ServiceSettings):
             fit_samples=self.fit_samples,
             drain_threshold=self.drain_threshold,
             alert_repeat_seconds=self.alert_repeat_seconds,
+            detector=self.detector,
+            anomaly_every_seconds=self.anomaly_every_seconds,
             rules=RuleConfig(
                 temp_warn_c=self.temp_warn_celsius,
                 temp_critical_c=self.temp_critical_celsius,

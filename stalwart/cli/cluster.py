@@ -34,6 +34,7 @@ def cluster_data(local: cluster.LocalCluster) -> dict:
         "run_dir": str(local.run_dir),
         "store_url": local.store_url,
         "coordinators": local.coordinator_addresses,
+        "health": local.health_address,
         "stopped": local.stopped_at is not None,
         "members": [vars(m) for m in local.members],
     }
@@ -49,12 +50,16 @@ def up(
     ),
     runs_root: Path = RUNS_ROOT,
     timeout: float = typer.Option(180.0, min=1, help="longest wait for everything to serve"),
+    health: bool = typer.Option(
+        True, help="start the health service; trainers stream to it, coordinators drain on it"
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Start 2 coordinators, paramserver groups, trainers and standbys as local processes."""
+    """Start 2 coordinators, paramserver groups, trainers, standbys and the health service
+    as local processes."""
     config = cluster.ClusterConfig(
         trainers=trainers, standbys=standbys, shards=shards, backups=backups,
-        store_url=store_url, runs_root=runs_root, start_timeout_s=timeout,
+        store_url=store_url, runs_root=runs_root, start_timeout_s=timeout, health=health,
     )  # fmt: skip
     console = Console(stderr=True)
     try:
@@ -72,9 +77,11 @@ def up(
 
 def _print_started(local: cluster.LocalCluster, console: Console) -> None:
     members_table(f"cluster up in {local.run_dir}", local)
+    health = f"health service: {local.health_address}\n" if local.health_address else ""
     console.print(
         f"logs: {local.log_dir}\ncoordinators: {','.join(local.coordinator_addresses)}\n"
-        "next: stalwart status, stalwart job submit --wait, stalwart down"
+        f"{health}next: stalwart status, stalwart job submit --wait, stalwart health, "
+        "stalwart down"
     )
 
 

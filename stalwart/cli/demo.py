@@ -1,5 +1,6 @@
 """``stalwart demo``: train digits-cnn on a local cluster while killing a trainer, the
-paramserver primary and the coordinator leader; report recovery, accuracy and bitwise equality."""
+paramserver primary and the coordinator leader, and while a trainer heats up until the
+health service has it drained; report recovery, accuracy and bitwise equality."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def demo(
     seed: int = typer.Option(0, min=0, help="job seed (weights and every batch)"),
     width: int = typer.Option(0, min=0, help="digits-cnn width (channels); 0: the default, 32"),
     reference: bool = typer.Option(True, help="compute the fault-free run and compare bitwise"),
+    health: bool = typer.Option(
+        True, help="run the health service; trainer-0 heats up and must be drained before it dies"
+    ),
     runs_root: Path = typer.Option(Path("runs"), help="where the run folder goes"),
     output: Output = OUTPUT_OPTION,
 ) -> None:
@@ -33,7 +37,7 @@ def demo(
     config = demo_run.DemoConfig(
         steps=steps, trainers=trainers, standbys=standbys, seed=seed,
         model_args={"width": str(width)} if width else {}, reference=reference,
-        runs_root=runs_root,
+        runs_root=runs_root, health=health,
     )  # fmt: skip
     console = Console(stderr=True)
     bar = Progress(

@@ -10,6 +10,7 @@ import typer
 from stalwart import __version__
 from stalwart.cli import admin, bench, ckpt, demo, jobs, ps, sim, top
 from stalwart.cli import cluster as cluster_cli
+from stalwart.cli import health as health_cli
 from stalwart.cli.output import cli_errors
 
 app = typer.Typer(
@@ -45,7 +46,11 @@ def paramserver(ctx: typer.Context) -> None:
     _exec_module(_SERVICES["paramserver"], ctx.args)
 
 
-health_app = typer.Typer(help="Health service tools.", no_args_is_help=True)
+health_app = typer.Typer(
+    help="Node risk from the health service (no subcommand), and its offline evaluation.",
+    invoke_without_command=True,
+    callback=cli_errors(health_cli.show),
+)
 app.add_typer(health_app, name="health")
 
 

@@ -19,8 +19,16 @@ from stalwart.demo import timeline
 ACCURACY_GOAL = 0.97
 
 
-def build(*, config, spec, local, t0, started, result, reference, reference_s, finished) -> dict:
+def build(
+    *, config, spec, local, t0, started, result, reference, reference_s, finished, heat=None
+) -> dict:
+    """``heat``: (heated trainer, heat_from_step, crash_at_step), or None if nobody heated."""
     recoveries = [timeline.recover(f, result.events) for f in result.faults]
+    drain = (timeline.health_drain(result.events, *heat, result.heated_alive)
+             if heat is not None else None)  # fmt: skip
+    if drain is not None:  # seconds since the demo began, as every time in the report
+        at = drain.pop("drained_at")
+        drain["drained_at_s"] = round(at - t0, 3) if at is not None else None
     audit = timeline.audit_steps(result.events, result.job.job_id, spec.steps)
     if reference is not None:
         equal, differ = bitwise_equal(result.final_params, reference)
@@ -44,9 +52,11 @@ def build(*, config, spec, local, t0, started, result, reference, reference_s, f
             "coordinators": len(local.of_role("coordinator")),
             "paramservers": len(local.of_role("paramserver")),
             "trainers": config.trainers,
-            "standbys": config.standbys,
+            "standbys": sum(m.started_as == "standby" for m in local.of_role("trainer")),
+            "health_service": bool(local.health_address),
             "store_url": local.store_url,
         },
+        "health_drain": drain,
         "timings": {
             "cluster_start_s": round(started - t0, 2),
             "training_s": round(result.training_s, 2),
@@ -96,6 +106,7 @@ def build(*, config, spec, local, t0, started, result, reference, reference_s, f
         and equal is not False
         and result.final_version == spec.steps
         and all(f["recovery_s"] is not None for f in report["faults"])
+        and (drain is None or drain["ok"])
     )
     return report
 
@@ -145,6 +156,7 @@ def render(report: dict, console: Console | None = None) -> None:
             _s(f["recovery_s"]),
         )  # fmt: skip
     console.print(table)
+    _render_drain(report.get("health_drain"), console)
     acc_ok = "ok" if final["accuracy"] >= final["accuracy_goal"] else "BELOW GOAL"
     if ref["computed"]:
         lost = "0 (the weights equal the reference)" if ref["bitwise_equal"] else "SOME"
@@ -174,6 +186,21 @@ def render(report: dict, console: Console | None = None) -> None:
     )
     if report.get("html"):
         console.print(f"report: {report['html']}  (JSON: {report['json']})")
+
+
+def _render_drain(drain: dict | None, console: Console) -> None:
+    if drain is None:
+        return
+    head = (f"health: {drain['node']} heated from step {drain['heat_from_step']}, "
+            f"scripted to die at step {drain['crash_at_step']}: ")  # fmt: skip
+    if not drain["drained"]:
+        console.print(head + "[bold red]not drained[/bold red]"
+                      + (" (it died)" if drain["crash_fired"] else ""))  # fmt: skip
+        return
+    verdict = "[bold green]before its death[/bold green]" if drain["ok"] else "[bold red]too late"
+    console.print(f"{head}drained after step {drain['drained_at_step']}, {verdict}"
+                  f"{'' if drain['crash_fired'] else '; the death never came'}\n"
+                  f"  event NODE_DRAINED: {drain['reason']}")  # fmt: skip
 
 
 def _why(detected_by: str) -> str:

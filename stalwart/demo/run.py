@@ -4,6 +4,10 @@ The script: start a local cluster (2 coordinators, a paramserver primary and
 backup, N trainers and M standbys), submit ``digits-cnn`` in sync mode, and at
 fixed fractions of the run kill -9 a slot's trainer, the paramserver primary and
 the coordinator leader, each chosen at kill time from what the cluster reports.
+With the health service on (the default), ``trainer-0`` also heats up from
+8% of the run (test fault ``heat_from_step``) and has a scripted death at 22%:
+the health service predicts the failure from its telemetry and the coordinator
+drains it, so its slot moves to the warm standby and the death never comes.
 Meanwhile the cluster's events are recorded and the weights are sampled for
 held-out accuracy. At the end: the final weights are pulled and evaluated, a
 fault-free reference run is computed in this process, and the report compares
@@ -33,6 +37,8 @@ FINISHED = {
     coordinator.JOB_STATE_CANCELLED,
 }
 DEFAULT_SCHEDULE = (("trainer", 0.25), ("paramserver", 0.5), ("coordinator", 0.75))
+HEATED = "trainer-0"
+MIN_HEAT_MARGIN = 10  # steps between the heat and the scripted death, or no heating
 
 # (what happened, step, of steps) -> None: the CLI draws its progress bar with it.
 Progress = Callable[[str, int, int], None]
@@ -57,6 +63,32 @@ class DemoConfig:
     start_timeout_s: float = 180.0
     reference: bool = True
     """Compute the fault-free reference run and compare bitwise."""
+    health: bool = True
+    """Run the health service; ``HEATED`` heats up and must be drained before it dies."""
+    heat: tuple[float, float] = (0.08, 0.22)
+    """(fraction of the steps where HEATED starts heating, where its scripted death is)."""
+
+
+def heat_steps(config: DemoConfig) -> tuple[int, int] | None:
+    """(heat_from_step, crash_at_step) of HEATED, or None when the demo heats nobody."""
+    heat_from = max(2, int(config.steps * config.heat[0]))
+    crash_at = int(config.steps * config.heat[1])
+    if not config.health or crash_at - heat_from < MIN_HEAT_MARGIN:
+        return None
+    return heat_from, crash_at
+
+
+def cluster_config(config: DemoConfig) -> cluster.ClusterConfig:
+    heat = heat_steps(config)
+    faults = {HEATED: ("--faults", f"heat_from_step={heat[0]},crash_at_step={heat[1]}")}
+    # The heated trainer's slot goes to a standby of its own, so the trainer kill at 25%
+    # still finds one, as it does without the health service.
+    return cluster.ClusterConfig(
+        trainers=config.trainers, standbys=config.standbys + (1 if heat else 0),
+        runs_root=config.runs_root,
+        start_timeout_s=config.start_timeout_s, health=config.health,
+        member_args=faults if heat else {},
+    )  # fmt: skip
 
 
 def job_spec(config: DemoConfig) -> coordinator.JobSpec:
@@ -147,12 +179,7 @@ async def run(config: DemoConfig, progress: Progress | None = None) -> dict:
     t0 = time.time()
     spec = job_spec(config)
     say("starting the cluster", 0, config.steps)
-    local = await asyncio.to_thread(
-        cluster.start,
-        cluster.ClusterConfig(trainers=config.trainers, standbys=config.standbys,
-                              runs_root=config.runs_root,
-                              start_timeout_s=config.start_timeout_s),
-    )  # fmt: skip
+    local = await asyncio.to_thread(cluster.start, cluster_config(config))
     stopped = False
     try:
         await cluster.wait_healthy(local, config.start_timeout_s)
@@ -173,6 +200,7 @@ async def run(config: DemoConfig, progress: Progress | None = None) -> dict:
     return report.build(
         config=config, spec=spec, local=local, t0=t0, started=started, result=result,
         reference=reference, reference_s=ref_s, finished=time.time(),
+        heat=(HEATED, *heat_steps(config)) if heat_steps(config) else None,
     )  # fmt: skip
 
 
@@ -187,6 +215,7 @@ class TrainResult:
     final_metrics: dict[str, float]
     training_s: float
     sampler_errors: int
+    heated_alive: bool | None = None  # HEATED still running at the end (None: not heated)
 
 
 async def _train(
@@ -225,12 +254,13 @@ async def _train(
             metrics = training.evaluate(spec, params)
             await recorder.wait_step(job.step, 3.0)  # the last STEP_COMMITTED events
             await asyncio.sleep(0.5)
+            heated_alive = local.alive(HEATED) if heat_steps(config) else None
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     return TrainResult(job, faults, list(recorder.events), list(sampler.samples), version,
-                       params, metrics, training_s, sampler.errors)  # fmt: skip
+                       params, metrics, training_s, sampler.errors, heated_alive)  # fmt: skip
 
 
 async def _tick(recorder: EventRecorder, say: Progress, what: str, total: int) -> None:

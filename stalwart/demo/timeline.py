@@ -180,3 +180,29 @@ def audit_steps(events: Iterable[Ev], job_id: str, steps: int) -> StepAudit:
         missing=[s for s in range(1, steps + 1) if s not in seen],
         repeated=sorted(s for s, n in seen.items() if n > 1),
     )
+
+
+def health_drain(
+    events: Sequence[Ev], node: str, heat_from: int, crash_at: int, alive: bool | None
+) -> dict:
+    """Whether the heated trainer was drained on the health service's word before its
+    scripted death: its NODE_DRAINED event (the reason the coordinator recorded), the
+    last step committed when it came, and whether the process was still alive at the end
+    (the death never fired: the trainer computed no step from crash_at on)."""
+    drained = next((e for e in events if e.kind == "NODE_DRAINED" and e.node_id == node), None)
+    at_step = None
+    if drained is not None:
+        done = [e.step for e in events if e.kind == "STEP_COMMITTED" and e.time <= drained.time]
+        at_step = max(done, default=0)
+    by_health = drained is not None and "health service" in drained.message
+    return {
+        "node": node,
+        "heat_from_step": heat_from,
+        "crash_at_step": crash_at,
+        "drained": drained is not None,
+        "drained_at_step": at_step,
+        "drained_at": drained.time if drained is not None else None,
+        "reason": drained.message if drained is not None else "",
+        "crash_fired": alive is False,
+        "ok": bool(by_health and at_step is not None and at_step < crash_at and alive),
+    }

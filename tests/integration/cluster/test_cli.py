@@ -32,16 +32,19 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.timeout(600)  # stalwart up starts ten processes on a loaded machine
 def test_up_submit_status_down_then_refused(tmp_path: Path):
     runs = tmp_path / "runs"
     up = stalwart("up", "--trainers", "2", "--standbys", "0", "--runs-root", str(runs),
-                  "-o", "json", timeout=240)  # fmt: skip
+                  "-o", "json", timeout=420)  # fmt: skip
     assert up.returncode == 0, up.stderr
     state = json.loads(up.stdout)
     run_dir = state["run_dir"]
     assert (runs / "latest").resolve() == Path(run_dir)
     assert len(state["coordinators"]) == 2
-    assert {m["role"] for m in state["members"]} == {"coordinator", "paramserver", "trainer"}
+    roles = {"coordinator", "paramserver", "trainer", "health"}  # health is on by default
+    assert {m["role"] for m in state["members"]} == roles
+    assert state["health"] == next(m["address"] for m in state["members"] if m["role"] == "health")
     target = ("--run-dir", run_dir)
     try:
         submit = stalwart("job", "submit", "--slots", "2", "--steps", "15", "--batch-size", "16",
@@ -56,7 +59,19 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
         assert data["epoch"] >= 1 and data["leader_address"] in state["coordinators"]
         assert sum(r["is_leader"] for r in data["replicas"]) == 1
         assert any(j["job_id"] == job["job_id"] for j in data["jobs"])
-        assert len(data["nodes"]) == 5  # primary, backup, warm spare, 2 trainers
+        assert len(data["nodes"]) == 6  # primary, backup, warm spare, 2 trainers, health
+
+        # The trainers streamed telemetry to it: `stalwart health` finds it through the
+        # coordinators and lists each trainer's risk.
+        risks = stalwart("health", "-o", "json", *target)
+        assert risks.returncode == 0, risks.stderr
+        by_node = {r["node_id"]: r for r in json.loads(risks.stdout)}
+        assert {"trainer-0", "trainer-1"} <= set(by_node)
+        for r in by_node.values():
+            assert 0.0 <= r["risk"] <= 1.0 and isinstance(r["top_signals"], list)
+            assert r["predicted_lead_time_seconds"] is None  # nothing is failing
+        table = stalwart("health", *target)
+        assert table.returncode == 0 and "trainer-0" in table.stdout and "lead time" in table.stdout
 
         table = stalwart("jobs", *target)
         assert table.returncode == 0 and job["job_id"] in table.stdout
@@ -91,7 +106,8 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
 
 def test_help_everywhere():
     for args in (["--help"], ["up", "--help"], ["job", "submit", "--help"], ["demo", "--help"],
-                 ["bench", "--help"], ["failover", "--help"], ["drain", "--help"]):  # fmt: skip
+                 ["bench", "--help"], ["failover", "--help"], ["drain", "--help"],
+                 ["health", "--help"]):  # fmt: skip
         result = stalwart(*args)
         assert result.returncode == 0, (args, result.stderr)
         assert "Usage" in result.stdout

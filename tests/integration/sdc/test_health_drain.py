@@ -44,6 +44,10 @@ async def test_degrading_trainer_is_drained_before_its_scripted_death(cluster_pr
     assert nodes["tr1"].state == coordinator.NODE_STATE_DRAINED
     drained = [e for e in events if e.kind == common.EVENT_KIND_NODE_DRAINED]
     assert [e.node_id for e in drained] == ["tr1"]
+    # the event says why: the health service's prediction and the rule that made it
+    reason = drained[0].attributes["reason"]
+    assert reason.startswith("health service predicts a failure (risk ") and "GPU at" in reason
+    assert reason in drained[0].message
     promoted = [e for e in events if e.kind == common.EVENT_KIND_STANDBY_PROMOTED]
     assert [e.node_id for e in promoted] == ["sb"]
     assert HEAT_FROM < promoted[0].step < CRASH_AT  # moved after the heat, before the death

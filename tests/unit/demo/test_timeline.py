@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stalwart.demo.timeline import Ev, Fault, audit_steps, recover
+from stalwart.demo.timeline import Ev, Fault, audit_steps, health_drain, recover
 
 
 def commits(first_seq: int, t: float, steps: range, job: str = "j") -> list[Ev]:
@@ -66,3 +66,25 @@ def test_audit_finds_missing_and_repeated_steps():
     audit = audit_steps(events, "j", 5)
     assert (audit.committed, audit.missing, audit.repeated) == (4, [5], [3])
     assert audit_steps(events, "other", 0).committed == 0
+
+
+WHY = "node trainer-0 drained: health service predicts a failure (risk 0.85): GPU at 90.0 C"
+
+
+def test_a_heated_trainer_drained_before_its_death_is_ok():
+    events = commits(1, 1.0, range(1, 40))
+    events.append(Ev(50, "NODE_DRAINED", 1.205, "", "trainer-0", 0, WHY))  # after step 21
+    got = health_drain(events, "trainer-0", heat_from=16, crash_at=44, alive=True)
+    assert (got["drained"], got["drained_at_step"], got["ok"]) == (True, 21, True)
+    assert got["reason"] == WHY and got["crash_fired"] is False
+
+
+def test_a_drain_too_late_or_not_for_health_or_a_death_is_not_ok():
+    events = commits(1, 1.0, range(1, 40))
+    late = [*events, Ev(50, "NODE_DRAINED", 1.395, "", "trainer-0", 0, WHY)]  # after step 40
+    assert health_drain(late, "trainer-0", 16, 30, alive=True)["ok"] is False
+    by_hand = [*events, Ev(50, "NODE_DRAINED", 1.1, "", "trainer-0", 0,
+                           "node trainer-0 drained: drained from the CLI")]  # fmt: skip
+    assert health_drain(by_hand, "trainer-0", 16, 44, alive=True)["ok"] is False
+    died = health_drain(events, "trainer-0", 16, 30, alive=False)
+    assert (died["drained"], died["crash_fired"], died["ok"]) == (False, True, False)

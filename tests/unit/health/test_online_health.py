@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from services.health import rules
+from services.health import detectors, rules
 from services.health.fleet import (
     ANOMALY,
     DATA_CORRUPTION,
@@ -18,7 +18,7 @@ from services.health.fleet import (
     HealthConfig,
 )
 from services.health.online import FleetForest, gauge_names
-from services.health.servicer import check_sample
+from services.health.servicer import check_sample, risk_proto
 from services.health.window import NodeWindow, Sample
 from stalwart.api import coordinator
 from stalwart.errors import ErrorKind, StalwartError
@@ -171,3 +171,72 @@ def test_bad_samples_are_refused(node_id, metrics, kind):
         check_sample(sample, max_metrics=8)
     assert info.value.kind is kind
     check_sample(coordinator.TelemetrySample(node_id="n", metrics={"a": 1.0}), 8)
+
+
+@pytest.mark.parametrize(
+    "temps, want",
+    [
+        ([80, 81, 82, 83, 84], 8.0),  # 1 C/s from 84 C: 92 C in 8 s
+        ([85, 85, 85], None),  # warm but steady: no time predicted
+        ([93, 93, 93], 0.0),  # past critical: now
+    ],
+)
+def test_thermal_finding_predicts_the_time_to_critical(temps, want):
+    w = window(*[(float(i), i, {"gpu_temperature_celsius": t}) for i, t in enumerate(temps)])
+    lead = rules.thermal(w, CFG)[0].lead_s
+    assert lead == (pytest.approx(want) if want is not None else None)
+
+
+def test_assessment_carries_the_soonest_lead_and_the_proto_sets_it_only_then():
+    fleet = Fleet()
+    for i in range(5):
+        a, _ = fleet.observe("hot", float(i), i, {"gpu_temperature_celsius": 80.0 + 2 * i})
+    assert a.lead_s == pytest.approx(2.0)  # 88 C rising 2 C/s
+    proto = risk_proto(a)
+    assert proto.HasField("predicted_lead_time")
+    assert proto.predicted_lead_time.ToNanoseconds() == pytest.approx(2e9)
+    cool, _ = fleet.observe("cool", 0.0, 0, {"gpu_temperature_celsius": 60.0})
+    assert cool.lead_s is None and not risk_proto(cool).HasField("predicted_lead_time")
+
+
+@pytest.mark.parametrize("name", ["isolation_forest", "pca", "threshold_rule"])
+def test_the_online_detector_is_the_offline_one_with_its_scaling(name):
+    rng = np.random.default_rng(1)
+    rows = [{"power": 300 + rng.normal(0, 5), "util": 0.9 + rng.normal(0, 0.01),
+             "flat": 1.0} for _ in range(200)]  # fmt: skip
+    forest = FleetForest(fit_samples=200, detector=name)
+    for r in rows:
+        forest.collect(r)
+    forest.fit()
+    offline = detectors.ALL[name](seed=0).fit(
+        np.array([[r["flat"], r["power"], r["util"]] for r in rows])
+    )
+    assert type(forest.detector) is type(offline)
+    # the same scaler: centre and floored spread from the first 80%, the constant gauge out
+    np.testing.assert_array_equal(forest.scaler.centre, offline.scaler.centre)
+    np.testing.assert_array_equal(forest.scaler.spread, offline.scaler.spread)
+    assert list(forest.scaler.constant) == [True, False, False]
+    probe = {"flat": 1.0, "power": 301.0, "util": 0.9}
+    raw = offline.score(np.array([[1.0, 301.0, 0.9]]))[0]
+    want = np.searchsorted(np.sort(offline.tail_scores), raw) / len(offline.tail_scores)
+    assert forest.score(probe)[0] == pytest.approx(want)
+    assert forest.score({"flat": 1.0, "power": 150.0, "util": 0.9})[0] == 1.0
+
+
+def test_only_point_wise_detectors_serve_online():
+    with pytest.raises(ValueError, match="isolation_forest, pca, threshold_rule"):
+        FleetForest(detector="forecast")
+
+
+def test_the_anomaly_score_is_recomputed_at_most_every_few_seconds():
+    fleet = Fleet(HealthConfig(fit_samples=50, anomaly_every_seconds=2.0))
+    for i in range(50):
+        fleet.observe(f"n{i % 5}", float(i), i, {"gpu_power_watts": 300.0 + (i % 7)})
+    fleet.forest.fit()
+    a, _ = fleet.observe("n1", 60.0, 60, {"gpu_power_watts": 300.0})
+    b, _ = fleet.observe("n1", 61.0, 61, {"gpu_power_watts": 100.0})  # 1 s later: kept
+    c, _ = fleet.observe("n1", 62.5, 62, {"gpu_power_watts": 100.0})  # 2.5 s: scored
+    assert a.anomaly < 1.0 and b.anomaly == a.anomaly and c.anomaly == 1.0
+    # the rules are not throttled: a hot GPU counts on the sample that shows it
+    d, _ = fleet.observe("n1", 63.0, 63, {"gpu_power_watts": 100.0, "gpu_temperature_celsius": 95})
+    assert d.risk == 1.0 and d.top_signals[0] == "gpu_temperature_celsius"
