@@ -61,6 +61,14 @@ class HigherEpochSeen:
 
 
 @dataclass(frozen=True)
+class ForwardsEnded:
+    """The forwards of the round's pushes all ended; ``fence_reason`` is set when one
+    of them found this primary deposed."""
+
+    fence_reason: str = ""
+
+
+@dataclass(frozen=True)
 class EpochAnswered:
     """A backup whose forward failed answered its epoch (None: it did not answer)."""
 
@@ -79,6 +87,11 @@ class Stage:
 @dataclass(frozen=True)
 class StartCommit:
     """The push completes its step: commit it (see :class:`CommitRound`)."""
+
+
+@dataclass(frozen=True)
+class AwaitForwards:
+    """Wait for the forwards of the round's pushes to the backups to end."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +154,7 @@ class Fail:
 
 
 Action = (
-    Stage | StartCommit | Apply | Replicate | AskEpoch | Drop | Fence | LocalStateChanged
+    Stage | StartCommit | AwaitForwards | Apply | Replicate | AskEpoch | Drop | Fence | LocalStateChanged
     | Acknowledge | Refuse | Fail
 )  # fmt: skip
 
@@ -225,33 +238,56 @@ class Phase(enum.Enum):
 class CommitRound:
     """One update: applied here and on every backup in sync, alongside each other.
 
-    ``start`` returns the apply and one commit per backup; each answer is fed
-    back; once the local apply and every backup have answered, exactly one
-    outcome follows (acknowledge, refuse or fail). If backups fail the update
-    stays applied here but unacknowledged: the client's retry finds it a
-    duplicate and is answered once re-installed backups hold it.
+    ``start`` sends the commit to each backup at once and waits for the forwards
+    of the round's pushes (a push is forwarded to the backups while it streams
+    in, and its handler does not wait for the backups' answer before staging
+    it): a backup applies the commit as soon as it holds every push the commit
+    names. The local apply starts only once those forwards ended without
+    finding this primary deposed, so a fenced primary applies nothing. Each
+    answer is fed back; once the local side and every backup have answered,
+    exactly one outcome follows (acknowledge, refuse or fail). If backups fail
+    the update stays applied here but unacknowledged: the client's retry finds
+    it a duplicate and is answered once re-installed backups hold it.
     """
 
     version: int  # the version before the update
-    targets: tuple[str, ...]
+    targets: tuple[str, ...]  # the backups in sync for the job
     required: int
+    # targets that missed the forward of one of the round's pushes (in sync only
+    # since): they cannot apply the commit and are dropped at once
+    unforwarded: frozenset[str] = frozenset()
     phase: Phase = Phase.RUNNING
     acked: set[str] = field(default_factory=set)
     answered: set[str] = field(default_factory=set)
+    applying: bool = False
     applied_version: int | None = None
     local_error: BaseException | None = None
     fence_reason: str = ""
 
     def start(self) -> list[Action]:
-        return [Apply(), *(Replicate(a) for a in self.targets)]
+        actions: list[Action] = [AwaitForwards()]
+        for address in self.targets:
+            if address in self.unforwarded:
+                self.answered.add(address)
+                actions.append(Drop(address, "missed a push of the step it was to commit"))
+            else:
+                actions.append(Replicate(address))
+        return actions
 
     def feed(
-        self, event: Applied | ApplyFailed | BackupAcked | BackupFailed | HigherEpochSeen
+        self,
+        event: ForwardsEnded | Applied | ApplyFailed | BackupAcked | BackupFailed | HigherEpochSeen,
     ) -> list[Action]:
         if self.phase is not Phase.RUNNING:
             return []
         actions: list[Action] = []
-        if isinstance(event, Applied):
+        if isinstance(event, ForwardsEnded):
+            if event.fence_reason:
+                actions += self._fence(event.fence_reason)
+            if not self.fence_reason:
+                self.applying = True
+                actions.append(Apply())
+        elif isinstance(event, Applied):
             self.applied_version = event.version
         elif isinstance(event, ApplyFailed):
             self.local_error = event.error
@@ -263,21 +299,28 @@ class CommitRound:
             actions.append(Drop(event.address, event.reason))
         elif isinstance(event, HigherEpochSeen):
             self.answered.add(event.address)
-            if not self.fence_reason:
-                self.fence_reason = event.reason
-                actions.append(Fence(event.reason))
+            actions += self._fence(event.reason)
         return actions + self._outcome()
 
-    def _outcome(self) -> list[Action]:
-        local_done = self.applied_version is not None or self.local_error is not None
-        if not local_done or self.answered != set(self.targets):
+    def _fence(self, reason: str) -> list[Action]:
+        if self.fence_reason:
             return []
+        self.fence_reason = reason
+        return [Fence(reason)]
+
+    def _outcome(self) -> list[Action]:
+        if self.answered != set(self.targets):
+            return []
+        if self.applying and self.applied_version is None and self.local_error is None:
+            return []  # the local apply is still running
+        if not self.applying and not self.fence_reason:
+            return []  # the forwards have not ended yet
         if self.local_error is not None:
             self.phase = Phase.FAILED
             return [Fail(self.local_error)]
         # applied here: readers may look once the outcome is known (they still see
         # only state enough in-sync backups hold, see ParamServer._readable)
-        changed: list[Action] = [LocalStateChanged()]
+        changed: list[Action] = [LocalStateChanged()] if self.applied_version is not None else []
         if self.fence_reason:
             self.phase = Phase.FAILED
             return [*changed, Fail(None, self.fence_reason)]

@@ -52,6 +52,13 @@ class JobRuntime:
     model: JobModel
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     committed: asyncio.Condition = field(init=False)
+    # on a backup: a push was staged (a commit may be waiting for it)
+    staged: asyncio.Condition = field(init=False)
+    # on a primary: (step, slot) -> the forward of that push to the backups (the
+    # backups' answers) and the backups it went to, while its handler runs
+    forwarding: dict[tuple[int, int], tuple[asyncio.Future, frozenset[str]]] = field(
+        default_factory=dict
+    )
     step_done: dict[int, asyncio.Future] = field(default_factory=dict)
     pull_cache: tuple | None = None  # (version, names, chunk size, header, chunks)
     # GetFingerprint(at_version) callers, answered when a commit reaches that version
@@ -59,6 +66,7 @@ class JobRuntime:
 
     def __post_init__(self) -> None:
         self.committed = asyncio.Condition(self.lock)
+        self.staged = asyncio.Condition(self.lock)
 
     def future_for(self, step: int) -> asyncio.Future:
         fut = self.step_done.get(step)
@@ -187,41 +195,60 @@ class JobHost:
     # --- committing ----------------------------------------------------------------
 
     async def commit(self, job: JobRuntime, entries: list[Entry]) -> int:
-        """Run one :class:`commit.CommitRound` (caller holds the job's lock): apply here
-        and on the in-sync backups at once, and answer the step's waiters."""
+        """Run one :class:`commit.CommitRound` (caller holds the job's lock): commit on
+        the in-sync backups and here at once, and answer the step's waiters."""
         job_id, base, step = job.model.job_id, job.model.version, entries[0].step
         waiter = job.future_for(step)
-        round_ = commit.CommitRound(base, tuple(self.replicator.synced(job_id)),
-                                    self.replicator.required())  # fmt: skip
+        records = [job.forwarding[k] for k in ((e.step, e.slot) for e in entries)
+                   if k in job.forwarding]  # fmt: skip
+        targets = tuple(self.replicator.synced(job_id))
+        # a backup synced after one of these pushes was forwarded never got it
+        unforwarded = frozenset(a for a in targets for _, sent in records if a not in sent)
+        round_ = commit.CommitRound(base, targets, self.replicator.required(), unforwarded)
         request = self.replicator.commit_request(job_id, base, entries)
         started = time.perf_counter()
-        tasks: dict[asyncio.Task, str | None] = {}
-        for action in round_.start():
-            if isinstance(action, commit.Apply):
+        tasks: dict[asyncio.Future, str | type] = {}
+
+        def spawn(action) -> None:
+            if isinstance(action, commit.AwaitForwards):
+                forwards = [fut for fut, _ in records]
+                tasks[asyncio.ensure_future(_forwards_ended(forwards))] = commit.ForwardsEnded
+            elif isinstance(action, commit.Apply):
                 work = phases.timed("apply", off_loop(job.model.apply, entries))
-                tasks[asyncio.ensure_future(work)] = None
+                tasks[asyncio.ensure_future(work)] = commit.Apply
             else:
                 work = self.replicator.commit_one(action.address, request)
                 tasks[asyncio.ensure_future(work)] = action.address
-        backups_left = len(round_.targets)
+
+        for action in round_.start():
+            if isinstance(action, commit.Drop):
+                self.replicator.drop(action.address, job_id, action.reason)
+            else:
+                spawn(action)
+        backups_left = len(round_.targets) - len(round_.answered)
         if not backups_left:
             phases.observe("replicate", started)
         try:
             while tasks:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    address = tasks.pop(task)
-                    if address is None:
+                    source = tasks.pop(task)
+                    if source is commit.ForwardsEnded:
+                        event = task.result()
+                    elif source is commit.Apply:
                         event = _apply_event(task)
                     else:
-                        event = self.replicator.commit_event(address, task.result())
+                        event = self.replicator.commit_event(source, task.result())
                         if isinstance(event, commit.BackupAcked):
-                            self.replicator.acked[(address, job_id)] = base + 1
+                            self.replicator.acked[(source, job_id)] = base + 1
                         backups_left -= 1
                         if not backups_left:
                             phases.observe("replicate", started)
                             metrics.REPLICATION_SECONDS.observe(time.perf_counter() - started)
                     for action in round_.feed(event):
+                        if isinstance(action, commit.Apply):
+                            spawn(action)
+                            continue
                         result = await self._execute(job, action, step, waiter)
                         if result is not None:
                             return result
@@ -250,6 +277,18 @@ class JobHost:
             waiter.set_exception(err)
             raise err
         return None
+
+
+async def _forwards_ended(forwards: list[asyncio.Future]) -> commit.ForwardsEnded:
+    """Wait for the pushes' forwards (their own handlers await and report them too)."""
+    for fut in forwards:
+        try:
+            await asyncio.shield(fut)
+        except Fenced as exc:
+            return commit.ForwardsEnded(str(exc))
+        except Exception:  # noqa: BLE001 - the push's own handler answers it
+            pass
+    return commit.ForwardsEnded()
 
 
 def _apply_event(task: asyncio.Task) -> commit.Applied | commit.ApplyFailed:

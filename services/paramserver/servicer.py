@@ -6,6 +6,7 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -210,12 +211,27 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         except BaseException:
             self.replicator.cancel_forwards(forwards)
             raise
+        # The backups' answers to the forward are not waited for here: the push is
+        # staged at once and a commit that names it waits for its forward before
+        # applying here (runtime.JobHost.commit), while the backups apply as soon
+        # as they hold it; the commit's round trip overlaps the forward's answer.
+        key = (header.step, header.slot)
+        forwarded = asyncio.ensure_future(self.replicator.finish_forwards(header.job_id, forwards))
+        job.forwarding[key] = (forwarded, frozenset(f.address for f in forwards))
+        phases.observe("receive", received)
         try:
-            await self.replicator.finish_forwards(header.job_id, forwards)
+            response = await self._admit(job, header, assembler.payload_crc32c, grads, context)
+        finally:
+            # not cancelled even if the push failed here: the push may be staged (a
+            # retry finds it), and its backups must hold it too (bounded by the ack timeout)
+            await asyncio.wait({forwarded})
+            if job.forwarding.get(key, (None,))[0] is forwarded:
+                del job.forwarding[key]
+        try:
+            forwarded.result()
         except Fenced as exc:
             raise self.host.fenced(exc) from None
-        phases.observe("receive", received)
-        return await self._admit(job, header, assembler.payload_crc32c, grads, context)
+        return response
 
     async def _admit(self, job: JobRuntime, header, crc: int, grads, context):
         deadline = asyncio.get_running_loop().time() + (
@@ -470,6 +486,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         grads = assembler.finish()
         async with job.lock:
             job.model.stage(push.step, push.slot, assembler.payload_crc32c, grads)
+            job.staged.notify_all()  # a commit naming this push may be waiting for it
         return paramserver.ReplicatePushResponse()
 
     @rpc_handler
@@ -480,6 +497,15 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if job is None:
             raise StalwartError(ErrorKind.REPLICA_BEHIND, f"backup lacks job {request.job_id}")
         async with job.lock:
+            if job.model.version == request.base_version:
+                # the primary commits without waiting for the backups' answers to the
+                # forwards, so a push it names may still be streaming in here (it
+                # sends the commit only to backups it forwarded every push to)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        job.staged.wait_for(lambda: job.model.has_entries(entries)),
+                        context.time_remaining() or self.host.replicator.ack_timeout_s,
+                    )
             if job.model.version != request.base_version or not job.model.has_entries(entries):
                 raise StalwartError(
                     ErrorKind.REPLICA_BEHIND,

@@ -49,24 +49,57 @@ def test_on_push(verdict, complete, insync, required, expected):
 # --- one commit round ------------------------------------------------------------------
 
 
-def test_start_applies_here_and_sends_to_every_backup():
+def test_start_sends_to_every_backup_and_waits_for_the_forwards():
     round_ = c.CommitRound(version=4, targets=(B1, B2), required=1)
-    assert round_.start() == [c.Apply(), c.Replicate(B1), c.Replicate(B2)]
+    assert round_.start() == [c.AwaitForwards(), c.Replicate(B1), c.Replicate(B2)]
+
+
+def test_applied_here_only_once_the_forwards_ended():
+    round_ = c.CommitRound(version=4, targets=(B1,), required=1)
+    round_.start()
+    assert round_.feed(c.BackupAcked(B1)) == []  # the backup may be first: it held the pushes
+    assert round_.feed(c.ForwardsEnded()) == [c.Apply()]
+    assert round_.feed(c.Applied(5)) == [c.LocalStateChanged(), c.Acknowledge(5)]
 
 
 def test_acknowledged_only_after_apply_and_every_backup():
     round_ = c.CommitRound(version=4, targets=(B1, B2), required=1)
+    assert round_.feed(c.ForwardsEnded()) == [c.Apply()]
     assert round_.feed(c.BackupAcked(B1)) == []
     assert round_.feed(c.Applied(5)) == []  # B2 has not answered yet
     assert round_.feed(c.BackupAcked(B2)) == [c.LocalStateChanged(), c.Acknowledge(5)]
     assert round_.done and round_.phase is c.Phase.ACKNOWLEDGED
 
 
+def test_a_backup_that_missed_a_push_is_dropped_without_a_commit():
+    round_ = c.CommitRound(version=4, targets=(B1, B2), required=1, unforwarded=frozenset({B2}))
+    actions = round_.start()
+    assert c.Replicate(B2) not in actions and c.Replicate(B1) in actions
+    assert c.Drop(B2, "missed a push of the step it was to commit") in actions
+    actions = run(round_, [c.ForwardsEnded(), c.BackupAcked(B1), c.Applied(5)])
+    assert outcomes(actions) == [c.Acknowledge(5)]
+
+
+def test_a_forward_that_found_this_primary_deposed_applies_nothing():
+    round_ = c.CommitRound(version=4, targets=(B1,), required=1)
+    actions = run(round_, [c.ForwardsEnded("backup at epoch 2"), c.HigherEpochSeen(B1, "stale")])
+    assert actions[0] == c.Fence("backup at epoch 2")
+    assert c.Apply() not in actions and c.LocalStateChanged() not in actions
+    assert outcomes(actions) == [c.Fail(None, "backup at epoch 2")]
+
+
+def test_no_local_apply_starts_once_a_backup_fenced_this_primary():
+    round_ = c.CommitRound(version=4, targets=(B1,), required=1)
+    actions = run(round_, [c.HigherEpochSeen(B1, "stale"), c.ForwardsEnded()])
+    assert c.Apply() not in actions
+    assert outcomes(actions) == [c.Fail(None, "stale")]
+
+
 @pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
 def test_outcome_does_not_depend_on_the_order_of_answers(order):
     events = [c.Applied(5), c.BackupAcked(B1), c.BackupFailed(B2, "timed out")]
     round_ = c.CommitRound(version=4, targets=(B1, B2), required=1)
-    actions = run(round_, [events[i] for i in order])
+    actions = run(round_, [c.ForwardsEnded()] + [events[i] for i in order])
     assert c.Drop(B2, "timed out") in actions
     assert outcomes(actions) == [c.Acknowledge(5)]
     assert actions.count(c.LocalStateChanged()) == 1
@@ -79,22 +112,26 @@ def test_a_failed_backup_is_dropped_at_once():
 
 def test_too_few_backups_applied_is_refused_but_stays_applied_here():
     round_ = c.CommitRound(version=4, targets=(B1,), required=1)
-    actions = run(round_, [c.BackupFailed(B1, "deadline"), c.Applied(5)])
+    actions = run(round_, [c.ForwardsEnded(), c.BackupFailed(B1, "deadline"), c.Applied(5)])
     # readers are woken (the state changed here) but nothing is acknowledged
-    assert actions == [c.Drop(B1, "deadline"), c.LocalStateChanged(), c.Refuse(0, 1)]
+    assert actions == [c.Apply(), c.Drop(B1, "deadline"), c.LocalStateChanged(), c.Refuse(0, 1)]
     assert round_.phase is c.Phase.REFUSED
 
 
 def test_no_backup_required_acknowledges_after_the_local_apply():
     round_ = c.CommitRound(version=0, targets=(), required=0)
-    assert round_.start() == [c.Apply()]
+    assert round_.start() == [c.AwaitForwards()]
+    assert round_.feed(c.ForwardsEnded()) == [c.Apply()]
     assert round_.feed(c.Applied(1)) == [c.LocalStateChanged(), c.Acknowledge(1)]
 
 
 def test_a_higher_epoch_fences_and_nothing_is_acknowledged():
     round_ = c.CommitRound(version=4, targets=(B1, B2), required=1)
-    actions = run(round_, [c.HigherEpochSeen(B1, "epoch 9"), c.BackupAcked(B2), c.Applied(5)])
-    assert actions[0] == c.Fence("epoch 9")
+    actions = run(
+        round_,
+        [c.ForwardsEnded(), c.HigherEpochSeen(B1, "epoch 9"), c.BackupAcked(B2), c.Applied(5)],
+    )
+    assert actions[:2] == [c.Apply(), c.Fence("epoch 9")]
     assert outcomes(actions) == [c.Fail(None, "epoch 9")]
     assert not any(isinstance(a, c.Acknowledge) for a in actions)
 
@@ -108,14 +145,14 @@ def test_fenced_once_even_if_both_backups_say_so():
 def test_a_failed_local_apply_is_never_acknowledged():
     boom = RuntimeError("optimizer failed")
     round_ = c.CommitRound(version=4, targets=(B1,), required=1)
-    actions = run(round_, [c.BackupAcked(B1), c.ApplyFailed(boom)])
-    assert actions == [c.Fail(boom)]
+    actions = run(round_, [c.ForwardsEnded(), c.BackupAcked(B1), c.ApplyFailed(boom)])
+    assert actions == [c.Apply(), c.Fail(boom)]
     assert round_.phase is c.Phase.FAILED
 
 
 def test_events_after_the_outcome_change_nothing():
     round_ = c.CommitRound(version=4, targets=(B1,), required=1)
-    run(round_, [c.BackupAcked(B1), c.Applied(5)])
+    run(round_, [c.ForwardsEnded(), c.BackupAcked(B1), c.Applied(5)])
     assert round_.feed(c.BackupFailed(B1, "late")) == []
 
 
