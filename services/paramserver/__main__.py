@@ -48,13 +48,8 @@ def build(settings: ParamServerSettings) -> ParamServer:
     )
     return ParamServer(
         replica=replica,
-        replicator=Replicator(
-            replica,
-            stub_for,
-            settings.min_insync,
-            settings.chunk_bytes,
-            settings.backup_ack_seconds,
-        ),
+        replicator=Replicator(replica, stub_for, settings.min_insync, settings.chunk_bytes,
+                              settings.backup_ack_seconds),
         node_id=settings.node_id,
         shard=settings.shard,
         limits=limits,
