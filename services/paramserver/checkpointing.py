@@ -19,20 +19,17 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import structlog
 import torch
 
 from services.paramserver.job import Entry, JobModel
+from services.paramserver.runtime import JobHost, JobRuntime
 from stalwart import checkpoint as ckpt
 from stalwart import codec
 from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.stores import parse_store_url
-
-if TYPE_CHECKING:
-    from services.paramserver.servicer import JobRuntime, ParamServer
 
 log = structlog.get_logger(__name__)
 
@@ -143,15 +140,15 @@ def _check_request_names(job_id: str, checkpoint_id: str, store_url: str) -> Non
     parse_store_url(store_url)  # INVALID_ARGUMENT for a bad URL, before any waiting
 
 
-async def save(ps: ParamServer, request: paramserver.SaveCheckpointRequest, context):
-    ps._client(request.epoch)
+async def save(host: JobHost, request: paramserver.SaveCheckpointRequest, context):
+    host.check_client(request.epoch)
     _check_request_names(request.job_id, request.checkpoint_id, request.store_url)
     chunk_bytes = ckpt.check_chunk_bytes(request.chunk_size)
-    job = ps._job(request.job_id)
+    job = host.job(request.job_id)
     loop = asyncio.get_running_loop()
     # open (connect) before taking the lock: an unreachable store fails fast
     await loop.run_in_executor(_UPLOADS, STORES.get, request.store_url)
-    timeout = context.time_remaining() or ps.sync_wait_s
+    timeout = context.time_remaining() or host.sync_wait_s
     async with job.lock:
         _refuse_if_past(job, request.at_version)
         try:
@@ -172,7 +169,7 @@ async def save(ps: ParamServer, request: paramserver.SaveCheckpointRequest, cont
         _UPLOADS,
         upload,
         snapshot,
-        ps.shard,
+        host.shard,
         request.store_url,
         request.job_id,
         request.parent_id,
@@ -191,7 +188,7 @@ async def save(ps: ParamServer, request: paramserver.SaveCheckpointRequest, cont
         upload_seconds=round(upload_seconds, 3),
     )
     return paramserver.SaveCheckpointResponse(
-        shard=shard_state(ps.shard, snapshot),
+        shard=shard_state(host.shard, snapshot),
         tensors=tensors,
         total_bytes=stats.total_bytes,
         written_bytes=stats.written_bytes,
@@ -259,30 +256,30 @@ def _shard_tensors(manifest: common.CheckpointManifest, shard: int, limits: code
     return mine
 
 
-async def load(ps: ParamServer, request: paramserver.LoadCheckpointRequest, context):
-    ps._client(request.epoch)
+async def load(host: JobHost, request: paramserver.LoadCheckpointRequest, context):
+    host.check_client(request.epoch)
     manifest = request.manifest
     if request.job_id != manifest.job_id:
         raise StalwartError(
             ErrorKind.INVALID_ARGUMENT,
             f"manifest is of job {manifest.job_id!r}, request names {request.job_id!r}",
         )
-    if request.shard != ps.shard:
+    if request.shard != host.shard:
         raise StalwartError(
             ErrorKind.INVALID_ARGUMENT,
-            f"this replica serves shard {ps.shard}, the request names shard {request.shard}",
+            f"this replica serves shard {host.shard}, the request names shard {request.shard}",
         )
     url = request.store_url or manifest.store_url
     _check_request_names(request.job_id, manifest.checkpoint_id, url)
-    mine = _shard_tensors(manifest, ps.shard, ps.limits)
+    mine = _shard_tensors(manifest, host.shard, host.limits)
     loop = asyncio.get_running_loop()
 
     def read_and_build():
         tensors, stats = ckpt.read_tensors(STORES.get(url), mine)  # DATA_LOSS: nothing changed
-        return model_from_checkpoint(manifest, ps.shard, tensors, ps.replica.epoch), stats
+        return model_from_checkpoint(manifest, host.shard, tensors, host.replica.epoch), stats
 
     model, stats = await loop.run_in_executor(_UPLOADS, read_and_build)
-    job = await install(ps, model)
+    job = await host.replace(model, "restored from a checkpoint")
     log.warning(
         "state restored from checkpoint",
         job=model.job_id,
@@ -291,28 +288,3 @@ async def load(ps: ParamServer, request: paramserver.LoadCheckpointRequest, cont
         bytes=stats.bytes,
     )
     return paramserver.LoadCheckpointResponse(version=job.model.version, bytes_read=stats.bytes)
-
-
-async def install(ps: ParamServer, model: JobModel) -> JobRuntime:
-    """Make ``model`` the job's state here and on the backups."""
-    from services.paramserver.servicer import JobRuntime  # the servicer imports this module
-
-    job = ps.jobs.get(model.job_id)
-    if job is None:
-        job = ps.jobs[model.job_id] = JobRuntime(model)
-    async with job.lock:
-        job.model = model
-        job.pull_cache = None
-        # pushes waiting for a step of the old state can never commit now
-        for fut in job.step_done.values():
-            if not fut.done():
-                fut.set_exception(
-                    StalwartError(ErrorKind.TOO_STALE, "state restored from a checkpoint; pull")
-                )
-        job.step_done.clear()
-        await job.settle_fingerprints()
-        job.committed.notify_all()
-        for address in list(ps.replica.backups):
-            ps.replicator.drop(address, model.job_id, "restored from a checkpoint")
-        await ps._install_everywhere(job)
-    return job

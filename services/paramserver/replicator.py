@@ -14,18 +14,17 @@ which it follows again.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 
 import grpc
 import structlog
 
-from services.paramserver import metrics
+from services.paramserver import commit
 from services.paramserver.job import Entry
 from services.paramserver.replica import ReplicaState
 from stalwart import codec
 from stalwart.api import paramserver, paramserver_grpc
-from stalwart.errors import ErrorKind, RpcError, StalwartError
+from stalwart.errors import ErrorKind, RpcError
 
 log = structlog.get_logger(__name__)
 
@@ -145,75 +144,64 @@ class Replicator:
         await asyncio.gather(*(s.write(message) for s in streams))
 
     async def finish_forwards(self, job_id: str, streams: Sequence[ForwardStream]) -> None:
+        """Wait for each backup's answer to its forward and perform what a
+        :class:`commit.ForwardRound` decides: drop a failed backup, or fence."""
+        round_ = commit.ForwardRound([s.address for s in streams])
         errors = await asyncio.gather(*(s.finish() for s in streams))
+        actions = []
         for stream, err in zip(streams, errors, strict=True):
-            self._check_fenced(err)
-            if err is not None:
-                await self._check_epoch_of(stream.address)
-                self.drop(stream.address, job_id, err.message)
+            actions += round_.feed(self.commit_event(stream.address, err), self.replica.epoch)
+        while actions:
+            action = actions.pop(0)
+            if isinstance(action, commit.AskEpoch):
+                epoch = await self.epoch_of(action.address)
+                event = commit.EpochAnswered(action.address, epoch)
+                actions += round_.feed(event, self.replica.epoch)
+            elif isinstance(action, commit.Drop):
+                self.drop(action.address, job_id, action.reason)
+            elif isinstance(action, commit.Fence):
+                self.replica.fence()
+                raise Fenced(action.reason)
 
-    async def _check_epoch_of(self, address: str) -> None:
-        """Before going on without a backup whose forward failed, ask its epoch.
-
-        A failed forward may not say why (see ForwardStream.write): a backup
-        that refused a stale epoch looks like one that broke. A higher epoch
-        means this primary is deposed: fence, and apply nothing.
-        """
+    async def epoch_of(self, address: str) -> int | None:
+        """The backup's epoch, or None when it does not answer within the ack timeout."""
         try:
             status = await self._stub_for(address).GetReplicaStatus(
                 paramserver.GetReplicaStatusRequest(), timeout=self.ack_timeout_s
             )
         except grpc.RpcError:
-            return  # unreachable or hung: dropped as before
-        if status.epoch > self.replica.epoch:
-            self.replica.fence()
-            raise Fenced(f"backup {address} is at epoch {status.epoch} > {self.replica.epoch}")
+            return None
+        return status.epoch
+
+    @staticmethod
+    def commit_event(
+        address: str, err: RpcError | None
+    ) -> commit.BackupAcked | commit.BackupFailed | commit.HigherEpochSeen:
+        """What a backup's answer to a forward or a commit means to the state machines."""
+        if err is None:
+            return commit.BackupAcked(address)
+        if err.kind in (ErrorKind.STALE_EPOCH, ErrorKind.FENCED):
+            return commit.HigherEpochSeen(address, err.message)
+        return commit.BackupFailed(address, err.message)
 
     @staticmethod
     def cancel_forwards(streams: Sequence[ForwardStream]) -> None:
         for s in streams:
             s.call.cancel()
 
-    async def commit(self, job_id: str, base_version: int, entries: Sequence[Entry]) -> list[str]:
-        """Apply the entries on every synced backup; returns the ones that applied.
-
-        Raises NO_INSYNC_BACKUP when fewer than the required backups applied.
-        The primary applies the same update concurrently, so backups that
-        failed drop out of sync and are re-installed with the update included.
-        """
-        targets = self.synced(job_id)
-        request = paramserver.ReplicateCommitRequest(
+    def commit_request(
+        self, job_id: str, base_version: int, entries: Sequence[Entry]
+    ) -> paramserver.ReplicateCommitRequest:
+        return paramserver.ReplicateCommitRequest(
             epoch=self.replica.epoch,
             job_id=job_id,
             base_version=base_version,
             new_version=base_version + 1,
             entries=[e.to_proto() for e in entries],
         )
-        started = time.perf_counter()
-        errors = await asyncio.gather(*(self._commit_one(a, request) for a in targets))
-        if targets:
-            metrics.REPLICATION_SECONDS.observe(time.perf_counter() - started)
-        applied = []
-        for address, err in zip(targets, errors, strict=True):
-            self._check_fenced(err)
-            if err is None:
-                applied.append(address)
-                self.acked[(address, job_id)] = base_version + 1
-            else:
-                self.drop(address, job_id, err.message)
-        self.require_insync(job_id)
-        return applied
 
-    def require_insync(self, job_id: str) -> None:
-        """Refuse to acknowledge while fewer than the required backups hold the job."""
-        have, need = len(self.synced(job_id)), self.required()
-        if have < need:
-            raise StalwartError(
-                ErrorKind.NO_INSYNC_BACKUP,
-                f"{have} of the {need} required backups hold job {job_id}; not acknowledged, retry",
-            )
-
-    async def _commit_one(self, address: str, request) -> RpcError | None:
+    async def commit_one(self, address: str, request) -> RpcError | None:
+        """Send one commit to one backup (runtime.JobHost.commit runs the round)."""
         try:
             await self._stub_for(address).ReplicateCommit(request, timeout=self.ack_timeout_s)
             return None

@@ -1,22 +1,26 @@
-"""gRPC adapter of the parameter server: checks, then hands work to JobModel,
-ReplicaState and Replicator. Torch work runs off the event loop."""
+"""gRPC adapter of the parameter server: reads requests, checks them, and hands
+the work to JobHost (services/paramserver/runtime.py), whose commit path runs
+the state machines of services/paramserver/commit.py. Torch work runs off the
+event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import grpc
 import structlog
 
-from services.paramserver import jobmetrics, metrics, phases
+from services.paramserver import checkpointing, commit, jobmetrics, metrics, phases
 from services.paramserver.consistency import Verdict
 from services.paramserver.faults import Faults
 from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
 from services.paramserver.replica import Check, ReplicaState, Role
 from services.paramserver.replicator import Fenced, Replicator
+from services.paramserver.runtime import JobHost, JobRuntime
+from services.paramserver.runtime import off_loop as _off_loop
 from stalwart import codec
 from stalwart.api import common, paramserver, paramserver_grpc
 from stalwart.errors import ErrorKind, StalwartError
@@ -24,78 +28,11 @@ from stalwart.server import rpc_handler
 
 log = structlog.get_logger(__name__)
 
-_CHECK_ERRORS = {
-    Check.STALE_EPOCH: (ErrorKind.STALE_EPOCH, "epoch {got} is older than this replica's {have}"),
-    Check.NOT_PRIMARY: (ErrorKind.NOT_PRIMARY, "this replica is a backup; call the primary"),
-    Check.FENCED: (ErrorKind.FENCED, "this replica was deposed at epoch {have}; refresh"),
-    Check.UNKNOWN_EPOCH: (
-        ErrorKind.UNKNOWN_EPOCH,
-        "epoch {got} is newer than this replica's {have} and no coordinator configured it "
-        "here; refresh the shard map",
-    ),
-    Check.OLD_COORDINATOR: (
-        ErrorKind.STALE_EPOCH,
-        "this order comes from an older coordinator leader than the last one obeyed "
-        "(coordinator epoch {coordinator}); ask the current leader",
-    ),
-}
 _ROLES = {
     Role.PRIMARY: common.REPLICA_ROLE_PRIMARY,
     Role.BACKUP: common.REPLICA_ROLE_BACKUP,
     Role.FENCED: common.REPLICA_ROLE_FENCED,
 }
-
-
-@dataclass
-class JobRuntime:
-    """A job's model plus what serialises access to it and who waits on it."""
-
-    model: JobModel
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    committed: asyncio.Condition = field(init=False)
-    step_done: dict[int, asyncio.Future] = field(default_factory=dict)
-    pull_cache: tuple | None = None  # (version, names, chunk size, header, chunks)
-    # GetFingerprint(at_version) callers, answered when a commit reaches that version
-    fingerprint_at: dict[int, asyncio.Future] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.committed = asyncio.Condition(self.lock)
-
-    def future_for(self, step: int) -> asyncio.Future:
-        fut = self.step_done.get(step)
-        if fut is None or fut.done():
-            fut = self.step_done[step] = asyncio.get_running_loop().create_future()
-            # the committing push may be the only one that ever looks at it
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return fut
-
-    def fingerprint_mark(self, version: int) -> asyncio.Future:
-        fut = self.fingerprint_at.get(version)
-        if fut is None:
-            fut = self.fingerprint_at[version] = asyncio.get_running_loop().create_future()
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return fut
-
-    async def settle_fingerprints(self) -> None:
-        """Answer the marks this version reaches or passes (caller holds the lock).
-
-        Taken here, inside the commit's critical section, each replica
-        fingerprints exactly the same version whatever the timing of the calls.
-        """
-        version = self.model.version
-        for at in sorted(v for v in self.fingerprint_at if v <= version):
-            fut = self.fingerprint_at.pop(at)
-            if at == version:
-                prints = await _off_loop(self.model.fingerprints)
-                if not fut.done():
-                    fut.set_result(prints)
-            elif not fut.done():
-                passed = f"version {at} was never held here (went to {version})"
-                fut.set_exception(StalwartError(ErrorKind.FAILED_PRECONDITION, passed))
-
-
-async def _off_loop(fn, *args):
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 # How long an incomplete request stream waits for gRPC's own cancellation before it
@@ -158,35 +95,38 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         on_role_change=None,
         faults: Faults | None = None,
     ):
-        self.replica = replica
-        self.replicator = replicator
+        self.host = JobHost(replica, replicator, shard, limits, sync_wait_s,
+                            on_role_change or (lambda role: None), faults or Faults())  # fmt: skip
         self.node_id = node_id
-        self.shard = shard
-        self.limits = limits
         self.chunk_bytes = chunk_bytes
-        self.sync_wait_s = sync_wait_s
-        self.jobs: dict[str, JobRuntime] = {}
-        self.on_role_change = on_role_change or (lambda role: None)
-        self.faults = faults or Faults()
         self.histories = jobmetrics.Histories()  # losses and evaluations (ListJobMetrics)
         # job_id -> whether the coordinator admitted it; None runs standalone (no check)
         self.admitted: Callable[[str], Awaitable[bool]] | None = None
 
+    # the host's parts, as the launcher and the metrics read them
+    replica = property(lambda self: self.host.replica)
+    replicator = property(lambda self: self.host.replicator)
+    jobs = property(lambda self: self.host.jobs)
+    shard = property(lambda self: self.host.shard)
+    limits = property(lambda self: self.host.limits)
+    sync_wait_s = property(lambda self: self.host.sync_wait_s)
+    faults = property(lambda self: self.host.faults)
+
+    @property
+    def on_role_change(self):
+        return self.host.on_role_change
+
+    @on_role_change.setter
+    def on_role_change(self, fn) -> None:
+        self.host.on_role_change = fn
+
     # --- shared checks -----------------------------------------------------------
 
     def _raise_check(self, check: Check, got: int) -> None:
-        if check is Check.OK:
-            return
-        if check is Check.FENCED:
-            self.on_role_change(self.replica.role)
-        kind, text = _CHECK_ERRORS[check]
-        text = text.format(
-            got=got, have=self.replica.epoch, coordinator=self.replica.coordinator_epoch
-        )
-        raise StalwartError(kind, text, epoch=self.replica.epoch)
+        self.host.raise_check(check, got)
 
     def _client(self, epoch: int) -> None:
-        self._raise_check(self.replica.check_client(epoch), epoch)
+        self.host.check_client(epoch)
 
     def _from_primary(self, epoch: int) -> None:
         before = self.replica.role
@@ -195,16 +135,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             self.on_role_change(self.replica.role)
 
     def _job(self, job_id: str) -> JobRuntime:
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise StalwartError(
-                ErrorKind.UNKNOWN_JOB, f"no model registered for job {job_id!r}", job=job_id
-            )
-        return job
-
-    def _fenced(self, exc: Fenced) -> StalwartError:
-        self.on_role_change(self.replica.role)
-        return StalwartError(ErrorKind.FENCED, f"a backup refused this primary's epoch: {exc}")
+        return self.host.job(job_id)
 
     # --- registration -----------------------------------------------------------
 
@@ -227,7 +158,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             "model registered", job=header.job_id, tensors=len(tensors), bytes=model.state_bytes()
         )
         async with job.lock:
-            await self._install_everywhere(job)
+            await self.host.install_everywhere(job)
         return paramserver.RegisterModelResponse(version=0)
 
     async def _check_admitted(self, job_id: str) -> None:
@@ -246,27 +177,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 ErrorKind.ALREADY_EXISTS, f"job {header.job_id} is registered with another model"
             )
         async with job.lock:
-            await self._install_everywhere(job)
+            await self.host.install_everywhere(job)
         return paramserver.RegisterModelResponse(version=job.model.version, already_registered=True)
-
-    async def _install_everywhere(self, job: JobRuntime) -> None:
-        """Make sure enough backups hold the job (caller holds the job's lock)."""
-        job_id = job.model.job_id
-        for address in self.replica.backups:
-            if address not in self.replicator.synced(job_id):
-                await self._install(job, address)
-        if len(self.replicator.synced(job_id)) < self.replicator.required():
-            raise StalwartError(
-                ErrorKind.NO_INSYNC_BACKUP, f"no backup could take job {job_id}; retry"
-            )
-
-    async def _install(self, job: JobRuntime, address: str) -> None:
-        header = job.model.install_header(self.replica.epoch)
-        tensors = list(job.model.state_tensors().values())
-        try:
-            await self.replicator.install(address, header, tensors)
-        except Fenced as exc:
-            raise self._fenced(exc) from None
 
     # --- push ------------------------------------------------------------------
 
@@ -300,12 +212,27 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         except BaseException:
             self.replicator.cancel_forwards(forwards)
             raise
-        try:
-            await self.replicator.finish_forwards(header.job_id, forwards)
-        except Fenced as exc:
-            raise self._fenced(exc) from None
+        # The backups' answers to the forward are not waited for here: the push is
+        # staged at once and a commit that names it waits for its forward before
+        # applying here (runtime.JobHost.commit), while the backups apply as soon
+        # as they hold it; the commit's round trip overlaps the forward's answer.
+        key = (header.step, header.slot)
+        forwarded = asyncio.ensure_future(self.replicator.finish_forwards(header.job_id, forwards))
+        job.forwarding[key] = (forwarded, frozenset(f.address for f in forwards))
         phases.observe("receive", received)
-        return await self._admit(job, header, assembler.payload_crc32c, grads, context)
+        try:
+            response = await self._admit(job, header, assembler.payload_crc32c, grads, context)
+        finally:
+            # not cancelled even if the push failed here: the push may be staged (a
+            # retry finds it), and its backups must hold it too (bounded by the ack timeout)
+            await asyncio.wait({forwarded})
+            if job.forwarding.get(key, (None,))[0] is forwarded:
+                del job.forwarding[key]
+        try:
+            forwarded.result()
+        except Fenced as exc:
+            raise self.host.fenced(exc) from None
+        return response
 
     async def _admit(self, job: JobRuntime, header, crc: int, grads, context):
         deadline = asyncio.get_running_loop().time() + (
@@ -324,16 +251,26 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                         ErrorKind.DEADLINE_EXCEEDED, "staleness bound still holds the push"
                     ) from None
             self._raise_verdict(verdict, job, header)
-            if verdict is Verdict.DUPLICATE:
-                # applied before; acknowledge only once enough backups hold it too
-                self.replicator.require_insync(job.model.job_id)
-                return paramserver.PushResponse(version=job.model.version, duplicate=True)
-            job.model.stage(header.step, header.slot, crc, grads)
-            self.histories.on_push(header)
-            entries = job.model.ready_entries(header.step, header.slot)
-            if entries is not None:
+            entries = None
+            if verdict is Verdict.ACCEPT:
+                job.model.stage(header.step, header.slot, crc, grads)
+                self.histories.on_push(header)
+                entries = job.model.ready_entries(header.step, header.slot)
+            action = commit.on_push(
+                verdict, entries is not None, job.model.version,
+                len(self.replicator.synced(job.model.job_id)), self.replicator.required(),
+            )  # fmt: skip
+            if isinstance(action, commit.Refuse):
+                raise StalwartError(
+                    ErrorKind.NO_INSYNC_BACKUP,
+                    f"{action.have} of the {action.need} required backups hold job "
+                    f"{header.job_id}; not acknowledged, retry",
+                )
+            if isinstance(action, commit.Acknowledge):
+                return paramserver.PushResponse(version=action.version, duplicate=True)
+            if isinstance(action, commit.StartCommit):
                 phases.PHASE_SECONDS.labels("wait_slots").observe(0.0)
-                version = await phases.timed("commit", self._commit(job, entries))
+                version = await phases.timed("commit", self.host.commit(job, entries))
                 return paramserver.PushResponse(version=version)
             waiter = job.future_for(header.step)
         staged = time.perf_counter()
@@ -372,39 +309,6 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if verdict in messages:
             kind, text = messages[verdict]
             raise StalwartError(kind, text, job=header.job_id)
-
-    async def _commit(self, job: JobRuntime, entries: list[Entry]) -> int:
-        """Apply on backups and here at once; wake waiters (caller holds the job's lock).
-
-        If backups fail, the update stays applied here but is not acknowledged:
-        the client's retry finds it a duplicate and is answered once the
-        re-installed backups hold it.
-        """
-        step = entries[0].step
-        waiter = job.future_for(step)
-        replicated, local = await asyncio.gather(
-            phases.timed(
-                "replicate", self.replicator.commit(job.model.job_id, job.model.version, entries)
-            ),
-            phases.timed("apply", _off_loop(job.model.apply, entries)),
-            return_exceptions=True,
-        )
-        if not isinstance(local, BaseException):
-            await self.applied(job)
-            job.committed.notify_all()
-        failure = local if isinstance(local, BaseException) else replicated
-        if isinstance(failure, BaseException):
-            err = self._fenced(failure) if isinstance(failure, Fenced) else failure
-            waiter.set_exception(err)
-            raise err
-        waiter.set_result(local)
-        job.step_done.pop(step, None)
-        return local
-
-    async def applied(self, job: JobRuntime) -> None:
-        """After the job's state changed (caller holds its lock)."""
-        self.faults.after_apply(job.model)
-        await job.settle_fingerprints()
 
     # --- pull ------------------------------------------------------------------
 
@@ -567,15 +471,11 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     @rpc_handler
     @metrics.counted_save
     async def SaveCheckpoint(self, request, context):
-        from services.paramserver import checkpointing
-
-        return await checkpointing.save(self, request, context)
+        return await checkpointing.save(self.host, request, context)
 
     @rpc_handler
     async def LoadCheckpoint(self, request, context):
-        from services.paramserver import checkpointing
-
-        return await checkpointing.load(self, request, context)
+        return await checkpointing.load(self.host, request, context)
 
     # --- metrics (services/paramserver/jobmetrics.py) ---------------------------
 
@@ -600,6 +500,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         async with job.lock:
             job.model.stage(push.step, push.slot, assembler.payload_crc32c, grads)
             self.histories.on_push(push)
+            job.staged.notify_all()  # a commit naming this push may be waiting for it
         return paramserver.ReplicatePushResponse()
 
     @rpc_handler
@@ -610,13 +511,22 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if job is None:
             raise StalwartError(ErrorKind.REPLICA_BEHIND, f"backup lacks job {request.job_id}")
         async with job.lock:
+            if job.model.version == request.base_version:
+                # the primary commits without waiting for the backups' answers to the
+                # forwards, so a push it names may still be streaming in here (it
+                # sends the commit only to backups it forwarded every push to)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        job.staged.wait_for(lambda: job.model.has_entries(entries)),
+                        context.time_remaining() or self.host.replicator.ack_timeout_s,
+                    )
             if job.model.version != request.base_version or not job.model.has_entries(entries):
                 raise StalwartError(
                     ErrorKind.REPLICA_BEHIND,
                     f"backup at version {job.model.version} lacks what version {request.new_version} needs",
                 )
             version = await _off_loop(job.model.apply, entries)
-            await self.applied(job)
+            await self.host.applied(job)
             job.committed.notify_all()
         return paramserver.ReplicateCommitResponse(version=version)
 
@@ -656,7 +566,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                         if address in self.replicator.synced(job.model.job_id):
                             continue  # a commit or registration synced it meanwhile
                         try:
-                            await self._install(job, address)
+                            await self.host.install(job, address)
                         except StalwartError:
                             break
                         job.committed.notify_all()  # pulls wait for durable state
