@@ -47,8 +47,8 @@ start_engine() {
     log "using the engine at /var/run/docker.sock"; return 0
   fi
   export DOCKER_HOST=unix://$ENGINE/docker.sock
-  if engine_answers; then
-    die "an engine already answers at $DOCKER_HOST (another run?); stop it first"
+  if engine_answers; then  # started earlier (by hand, or a run that was killed): not ours to stop
+    log "using the engine already running at $DOCKER_HOST"; return 0
   fi
   command -v dockerd >/dev/null || apt-get install -y -qq docker.io >&2
   mkdir -p "$ENGINE"
