@@ -116,7 +116,15 @@ def step(job: dict) -> int:
 def bring_up(stack: Stack, report: dict) -> None:
     t0 = time.monotonic()
     log("compose up -d (waits for each depends_on healthcheck)")
-    stack.compose("up", "-d", timeout=1200)
+    for attempt in (1, 2, 3):
+        try:
+            stack.compose("up", "-d", timeout=1200)
+            break
+        except Failed as err:
+            # Compose v1 gives up on a dependency that is not yet healthy; `up` again
+            # goes on from where it stopped. Still failing: the health wait says why.
+            log(f"compose up, attempt {attempt}: {str(err)[-300:]}")
+            report.setdefault("up_retries", []).append(str(err)[-300:])
 
     def all_healthy():
         h = stack.health()
