@@ -83,11 +83,17 @@ class Stack:
 
     def stalwart(self, *args: str) -> dict:
         """The host's CLI (same checkout) against the coordinators, JSON out."""
-        cmd = [str(ROOT / ".venv/bin/stalwart"), *args, "-c", self.coordinators, "-o", "json"]
-        return json.loads(sh(*cmd, timeout=120))
+        cmd = [str(ROOT / ".venv/bin/stalwart"), *args, "-c", self.coordinators, "-o", "json",
+               "--timeout", "60"]  # fmt: skip
+        return json.loads(sh(*cmd, timeout=180))
 
     def job(self) -> dict:
-        return self.stalwart("job", "get", JOB)
+        """The job, or {} while no leader answers in time (a loaded host, a failover)."""
+        try:
+            return self.stalwart("job", "get", JOB)
+        except Failed as err:
+            log(f"no answer about the job yet: {str(err)[-200:]}")
+            return {}
 
     def metric(self, service: str, name: str) -> float | None:
         url = f"http://127.0.0.1:{self.ports[service]['9100']}/metrics"
@@ -176,6 +182,8 @@ def submit(stack: Stack, steps: int) -> None:
 def running_at(stack: Stack, min_step: int, what: str) -> dict:
     def ok():
         job = stack.job()
+        if not job:
+            return None
         if state(job) in ("SUCCEEDED", "FAILED", "CANCELLED"):
             raise Failed(f"job {state(job)} at step {step(job)} before {what}: raise --steps")
         return job if step(job) >= min_step else None
