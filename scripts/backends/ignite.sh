@@ -4,6 +4,8 @@
 #   scripts/backends/ignite.sh install          Java 17 + Maven (apt, when root), then build
 #   scripts/backends/ignite.sh build            resolve ignite-core, compile the launcher
 #   scripts/backends/ignite.sh start DIR [N]    start N nodes (default 1); print the URL
+#   scripts/backends/ignite.sh run DIR C D M    one node in the foreground, client/discovery/
+#                                               communication ports C D M (a container's process)
 #   scripts/backends/ignite.sh stop DIR         stop every node started in DIR
 #   scripts/backends/ignite.sh url DIR          print the URL of the nodes running in DIR
 #
@@ -89,22 +91,34 @@ build() {
     die "maven build of deploy/ignite failed" 3
 }
 
+node_command() { # DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT PEERS: the java command line
+  local dir=$1
+  NODE_CMD=(java -server -Xms64m -Xmx"$HEAP" -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError
+    -Xss1m ${STALWART_IGNITE_JVM_OPTS--XX:TieredStopAtLevel=1}
+    "${JAVA17_OPENS[@]}"
+    -Djava.net.preferIPv4Stack=true
+    -DIGNITE_HOME="$dir" -DIGNITE_QUIET=true -DIGNITE_NO_ASCII=true
+    -DIGNITE_UPDATE_NOTIFIER=false -DIGNITE_PERFORMANCE_SUGGESTIONS_DISABLED=true
+    -cp "$JAR:$LIB/*" "$MAIN"
+    --host 127.0.0.1 --client-port "$2" --discovery-port "$3" --communication-port "$4"
+    --peers "$5" --work-dir "$dir/work" --region-mb "$REGION_MB")
+}
+
 start_node() { # DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT PEERS
   local dir=$1
   mkdir -p "$dir/work"
+  node_command "$@"
   # setsid: the node gets its own session, so a Ctrl-C in the caller's terminal
   # does not reach it; stop() ends it by pid.
-  setsid java -server -Xms64m -Xmx"$HEAP" -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError \
-    -Xss1m ${STALWART_IGNITE_JVM_OPTS--XX:TieredStopAtLevel=1} \
-    "${JAVA17_OPENS[@]}" \
-    -Djava.net.preferIPv4Stack=true \
-    -DIGNITE_HOME="$dir" -DIGNITE_QUIET=true -DIGNITE_NO_ASCII=true \
-    -DIGNITE_UPDATE_NOTIFIER=false -DIGNITE_PERFORMANCE_SUGGESTIONS_DISABLED=true \
-    -cp "$JAR:$LIB/*" "$MAIN" \
-    --host 127.0.0.1 --client-port "$2" --discovery-port "$3" --communication-port "$4" \
-    --peers "$5" --work-dir "$dir/work" --region-mb "$REGION_MB" \
-    </dev/null >"$dir/ignite.log" 2>&1 &
+  setsid "${NODE_CMD[@]}" </dev/null >"$dir/ignite.log" 2>&1 &
   echo $! >"$dir/ignite.pid"
+}
+
+# One node in the foreground on fixed ports, its log on stdout: a container's process.
+run_node() { # DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT
+  mkdir -p "$1/work"
+  node_command "$1" "$2" "$3" "$4" "127.0.0.1:$3"
+  exec "${NODE_CMD[@]}"
 }
 
 start() {
@@ -170,7 +184,8 @@ case "$cmd" in
   install) ensure_tools; build ;;
   build) build ;;
   start) [[ $# -ge 2 && $# -le 3 ]] || die "usage: $0 start DIR [NODES]" 2; start "$2" "${3:-1}" ;;
+  run) [[ $# -eq 5 ]] || die "usage: $0 run DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT" 2; run_node "$2" "$3" "$4" "$5" ;;
   stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR" 2; stop "$2" ;;
   url) [[ $# -eq 2 ]] || die "usage: $0 url DIR" 2; alive "$2/node0/ignite.pid" && cat "$2/url" ;;
-  *) die "usage: $0 install | build | start DIR [NODES] | stop DIR | url DIR" 2 ;;
+  *) die "usage: $0 install | build | start DIR [NODES] | run DIR PORTS... | stop DIR | url DIR" 2 ;;
 esac

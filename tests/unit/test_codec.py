@@ -598,3 +598,14 @@ def test_passthrough_serializer_sends_bytes_as_they_are():
     raw = b"\x12\x00"
     assert serialize(raw) is raw
     assert serialize(spec) == spec.SerializeToString()
+
+
+def test_wire_itemsizes_match_torch():
+    """stalwart.wiredtypes (torch-free, for the coordinator) agrees with torch on every dtype."""
+    from stalwart import wiredtypes
+
+    assert set(wiredtypes.ITEMSIZE) == set(codec.DTYPES)
+    for wire, dtype in codec.DTYPES.items():
+        assert wiredtypes.element_size(wire) == torch.empty(0, dtype=dtype).element_size()
+    with raises_kind(ErrorKind.BAD_DTYPE):
+        wiredtypes.element_size(max(codec.DTYPES) + 100)
