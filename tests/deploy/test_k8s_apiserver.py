@@ -290,21 +290,21 @@ def test_kill_9_the_leader_and_the_standby_takes_over(
 ) -> None:
     lease_url = f"k8s://{NAMESPACE}/{coordinators.prefix}"
 
-    async def scenario() -> float:
+    async def scenario() -> tuple[float, int]:
         first, second, status = await _leader_and_standby(coordinators, lease_url)
         started = time.monotonic()
         first.kill()
         new = await wait_leader(second.address, timeout=60)
         took = time.monotonic() - started
         assert new.epoch > status.epoch
-        return took
+        return took, new.epoch
 
-    took = asyncio.run(scenario())
+    took, epoch = asyncio.run(scenario())
     ttl = coordinators.env["STALWART_LEADER_TTL_SECONDS"]
     print(f"\nk8s:// lease, takeover after kill -9 of the leader (ttl {ttl}s): {took:.2f}s")
     lease = _lease(applied, lease_url)
     assert lease["spec"]["holderIdentity"] == f"c2@{coordinators.procs[1].address}"
-    assert lease["spec"]["leaseTransitions"] == 1 and _token(lease) == 2
+    assert lease["spec"]["leaseTransitions"] >= 1 and _token(lease) == epoch
 
 
 def test_a_frozen_leader_is_replaced_and_refused_when_it_wakes(
