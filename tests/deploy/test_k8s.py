@@ -159,7 +159,7 @@ def test_topology(docs: list[dict]) -> None:
     for w in by_app["trainer"]:
         assert w["kind"] == "Deployment"
         for c in _containers(w):
-            assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
+            assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1
 
 
 def test_coordinator_may_hold_the_lease(docs: list[dict]) -> None:
