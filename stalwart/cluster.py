@@ -83,6 +83,9 @@ class ClusterConfig:
     """More flags per role (``coordinator``, ``paramserver``, ``trainer``), e.g. timings."""
     trainer_env: dict[str, str] = field(default_factory=dict)
     """Environment added to trainers (tests set ``STALWART_FAULTS`` through it)."""
+    device: str = "auto"
+    """Trainers' ``--device`` (stalwart/devices.py): with auto or cuda, trainer i (standbys
+    numbered after the trainers) takes GPU i modulo the GPUs visible."""
     preload_services: bool = False
     """Fork services from a server with torch imported (test suites; see
     :mod:`stalwart.procs`). Off for ``stalwart up``: its services outlive the command."""
@@ -99,6 +102,7 @@ class Member:
     log: str
     shard: int = -1  # paramservers: their group
     started_as: str = ""  # paramservers: primary | backup; trainers: slot | standby
+    local_index: int = -1  # trainers: position among this machine's trainers (GPU choice)
 
 
 @dataclass
@@ -200,7 +204,8 @@ class LocalCluster:
         if dead.role == "paramserver":
             spec = _paramserver_spec(new, dead.shard, [], self.coordinator_addresses, True)
         else:
-            spec = _trainer_spec(new, self.coordinator_addresses, True, self.config)
+            spec = _trainer_spec(new, self.coordinator_addresses, True, self.config,
+                                 max(dead.local_index, 0))  # its GPU is free now
         member = self._start(spec)
         self.save()
         return member
@@ -215,7 +220,7 @@ class LocalCluster:
                              preload=self.config.preload_services)  # fmt: skip
         self.procs[spec.name] = proc
         member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
-                        spec.shard, spec.started_as)  # fmt: skip
+                        spec.shard, spec.started_as, spec.local_index)  # fmt: skip
         self.members.append(member)
         return member
 
@@ -263,6 +268,7 @@ class _Spec:
     shard: int = -1
     started_as: str = ""
     env: dict[str, str] | None = None
+    local_index: int = -1
 
 
 def _coordinator_spec(name: str, store_url: str, config: ClusterConfig) -> _Spec:
@@ -283,11 +289,12 @@ def _paramserver_spec(
 
 
 def _trainer_spec(
-    name: str, coordinators: list[str], standby: bool, config: ClusterConfig
+    name: str, coordinators: list[str], standby: bool, config: ClusterConfig, index: int
 ) -> _Spec:
-    args = ["--coordinator", ",".join(coordinators)] + (["--standby"] if standby else [])
+    args = ["--coordinator", ",".join(coordinators), "--device", config.device,
+            "--local-index", str(index)] + (["--standby"] if standby else [])  # fmt: skip
     return _Spec(name, "trainer", tuple(args), -1, "standby" if standby else "slot",
-                 dict(config.trainer_env) or None)  # fmt: skip
+                 dict(config.trainer_env) or None, index)  # fmt: skip
 
 
 # --- starting ---------------------------------------------------------------------------
@@ -357,11 +364,12 @@ def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
         ]
         coords = [m.address for m in cluster._start_all(coord_specs, pool)]
         nodes = [
-            pool.submit(cluster._start, _trainer_spec(f"trainer-{i}", coords, False, config))
+            pool.submit(cluster._start, _trainer_spec(f"trainer-{i}", coords, False, config, i))
             for i in range(config.trainers)
         ]
         nodes += [
-            pool.submit(cluster._start, _trainer_spec(f"standby-{i}", coords, True, config))
+            pool.submit(cluster._start,
+                        _trainer_spec(f"standby-{i}", coords, True, config, config.trainers + i))
             for i in range(config.standbys)
         ]
         groups = [
