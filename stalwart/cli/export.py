@@ -24,6 +24,8 @@ from stalwart.client.coordinator import CoordinatorClient
 # -o names the file here (``job export JOB -o model.safetensors``); the report's
 # format keeps its long name only.
 _OUTPUT = typer.Option(Output.table, "--output", help="table for people, json for scripts")
+# stalwart.weights.FORMATS, known here without importing torch (bad flags answer at once)
+FORMATS = ("safetensors", "torch")
 
 
 async def fetch(
@@ -65,10 +67,8 @@ def export(
     cluster: Target = FROM_FLAGS,
 ) -> None:  # fmt: skip
     """Write a job's weights (parameters and buffers), and on request its optimizer state."""
-    from stalwart import exporting, weights
-
-    if fmt not in weights.FORMATS:
-        fail(f"--format must be one of {', '.join(weights.FORMATS)}", ExitCode.INVALID_INPUT)
+    if fmt not in FORMATS:
+        fail(f"--format must be one of {', '.join(FORMATS)}", ExitCode.INVALID_INPUT)
     if checkpoint and (version is not None or min_version):
         fail("--checkpoint fixes the version: leave out --version and --min-version",
              ExitCode.INVALID_INPUT)  # fmt: skip
@@ -76,6 +76,8 @@ def export(
         fail("give --version or --min-version, not both", ExitCode.INVALID_INPUT)
     if optimizer_state is not None and optimizer_state.resolve() == out.resolve():
         fail("--optimizer-state must name another file than -o", ExitCode.INVALID_INPUT)
+    from stalwart import exporting
+
     got = cluster.call(lambda c: fetch(c, job_id, min_version, version, checkpoint,
                                        optimizer_state is not None, store_url))  # fmt: skip
     size = exporting.save(got, out, fmt, optimizer_state)

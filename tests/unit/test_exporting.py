@@ -111,3 +111,10 @@ def test_optimizer_file_carries_metadata_and_loads_into_a_torch_optimizer(tmp_pa
         assert torch.equal(loaded[name.replace(".", "_", 1)], value), name
     with pytest.raises(Exception, match="unknown 'embed.weight'"):
         exporting.load_optimizer_state(fresh, net, opt_file)
+
+
+def test_cli_knows_the_formats_without_importing_torch():
+    from stalwart import weights
+    from stalwart.cli import export
+
+    assert export.FORMATS == weights.FORMATS

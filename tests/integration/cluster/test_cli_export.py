@@ -20,7 +20,7 @@ from stalwart.stores import open_store
 from tests.integration.cluster.test_cli import EXIT_INVALID_INPUT, one_error_line, stalwart
 from tests.integration.cluster.test_cli_training import assert_equal, export, submit
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 async def served(local, job_id: str, spec):

@@ -185,3 +185,25 @@ def test_cluster_gives_each_trainer_its_device_flag_and_local_index():
     assert spec.local_index == 2 and "--standby" in args
     default = cluster._trainer_spec("trainer-0", ["127.0.0.1:1"], False, cluster.ClusterConfig(), 0)
     assert list(default.args)[list(default.args).index("--device") + 1] == "auto"
+
+
+def test_what_goes_on_the_wire_is_contiguous_cpu_and_bitwise_repeatable():
+    """compute_step hands the push contiguous CPU copies (gradients and buffers), whatever
+    the model's device; on the CPU that auto picks here, two trainers agree bit for bit."""
+    import torch
+
+    from stalwart import models, training
+
+    spec = models.default_spec("tests.unit.training.dropout_task:make", num_slots=2,
+                               batch_size=8, micro_batches=2)  # fmt: skip
+    task = models.resolve(spec)
+    device = devices.select(devices.parse("auto"), 0, 0)
+    results = []
+    for _ in range(2):  # two fresh "trainers"
+        model = task.build_model(spec.seed).to(device)
+        results.append(training.compute_step(task, model, 1, 3, spec))
+    first, second = results
+    assert "1.running_mean" in first.grads  # buffers travel with the gradient
+    for name, tensor in first.grads.items():
+        assert tensor.device.type == "cpu" and tensor.is_contiguous(), name
+        assert torch.equal(tensor, second.grads[name]), name
