@@ -204,8 +204,9 @@ class LocalCluster:
         if dead.role == "paramserver":
             spec = _paramserver_spec(new, dead.shard, [], self.coordinator_addresses, True)
         else:
-            spec = _trainer_spec(new, self.coordinator_addresses, True, self.config,
-                                 max(dead.local_index, 0))  # its GPU is free now
+            spec = _trainer_spec(
+                new, self.coordinator_addresses, True, self.config, max(dead.local_index, 0)
+            )  # its GPU is free now
         member = self._start(spec)
         self.save()
         return member
@@ -368,8 +369,10 @@ def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
             for i in range(config.trainers)
         ]
         nodes += [
-            pool.submit(cluster._start,
-                        _trainer_spec(f"standby-{i}", coords, True, config, config.trainers + i))
+            pool.submit(
+                cluster._start,
+                _trainer_spec(f"standby-{i}", coords, True, config, config.trainers + i),
+            )
             for i in range(config.standbys)
         ]
         groups = [

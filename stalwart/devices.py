@@ -57,9 +57,7 @@ def select(choice: DeviceChoice, local_index: int, cuda_count: int) -> str:
         return f"cuda:{local_index % cuda_count}"
     if choice.index >= cuda_count:
         seen = "1 CUDA device is" if cuda_count == 1 else f"{cuda_count} CUDA devices are"
-        raise DeviceError(
-            f"device {choice}: only {seen} visible (cuda:0 to cuda:{cuda_count - 1})"
-        )
+        raise DeviceError(f"device {choice}: only {seen} visible (cuda:0 to cuda:{cuda_count - 1})")
     return f"cuda:{choice.index}"
 
 
