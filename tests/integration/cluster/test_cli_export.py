@@ -5,7 +5,6 @@ against the job's own checkpoint), and a given version or checkpoint exports wha
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 import torch
@@ -24,7 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 async def served(local, job_id: str, spec):
-    """What the job's paramservers serve and hold: (version, weights, fingerprints)."""
+    """What the job's paramservers serve and hold: (version, weights, fingerprints), and
+    the job's checkpoints."""
     async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
         ps = await param_client(client, job_id, spec)
         try:
@@ -32,7 +32,14 @@ async def served(local, job_id: str, spec):
             prints = await ps.groups[0].fingerprint(job_id)
         finally:
             await ps.close()
-    return version, weights, {t.name: t.crc32c for t in prints.tensors}
+        saved = await exporting.job_checkpoints(client, job_id)
+    return version, weights, {t.name: t.crc32c for t in prints.tensors}, saved
+
+
+async def at_version(local, job_id: str, version: int) -> exporting.Exported:
+    """The Python API beside the CLI: stalwart.exporting.at_version."""
+    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
+        return await exporting.at_version(client, job_id, version, optimizer_state=True)
 
 
 def test_export_weights_optimizer_state_version_and_checkpoint(local, tmp_path):
@@ -40,7 +47,7 @@ def test_export_weights_optimizer_state_version_and_checkpoint(local, tmp_path):
     spec, job_id = submit(target, "--steps", "12", "--optimizer", "adamw", "--lr", "0.02",
                           "--schedule", "cosine", "--warmup-steps", "3",
                           "--checkpoint-interval", "2")  # fmt: skip
-    version, weights, prints = asyncio.run(served(local, job_id, spec))
+    version, weights, prints, saved = asyncio.run(served(local, job_id, spec))
     assert version == spec.steps
 
     model_file, opt_file = tmp_path / "m.safetensors", tmp_path / "m.optim.safetensors"
@@ -60,31 +67,33 @@ def test_export_weights_optimizer_state_version_and_checkpoint(local, tmp_path):
 
     # --checkpoint and --version: what a checkpoint holds, bitwise what reference_run reaches
     # at its step and what the store holds. Periodic checkpoints are ordered as the job
-    # goes (one that a fast job outran is skipped): take the first that was saved.
-    listed = json.loads(stalwart("ckpt", "list", "--job", job_id, "-o", "json", *target).stdout)
-    by_step = {int(m["step"]): m for m in listed}
+    # goes (one that a fast job outran is skipped): take the newest before the end, which
+    # retention keeps should the last order publish one more.
+    by_step = {m.step: m for m in saved}
     assert by_step and all(s % 2 == 0 and 0 < s <= 12 for s in by_step), sorted(by_step)
-    step = min(by_step)
-    chosen = by_step[step]["checkpoint_id"]
-    with open_store(by_step[step]["store_url"]) as store:
+    step = max([s for s in by_step if s < 12] or [12])
+    chosen = by_step[step].checkpoint_id
+    with open_store(by_step[step].store_url) as store:
         manifest = ckpt.load_manifest(store, job_id, chosen)
         stored, _ = ckpt.read_tensors(store, list(manifest.tensors))
     training.make_deterministic(1)
     at_step = training.reference_run(spec, steps=step)
-    rec = export(target, job_id, tmp_path / "c.safetensors", "--checkpoint", chosen,
-                 "--optimizer-state", str(tmp_path / "c.optim.safetensors"))  # fmt: skip
+    rec = export(target, job_id, tmp_path / "c.pt", "--checkpoint", chosen, "--format", "torch",
+                 "--optimizer-state", str(tmp_path / "c.optim.pt"))  # fmt: skip
     assert (rec["version"], rec["source"]) == (step, chosen)
-    assert_equal(load_file(str(tmp_path / "c.safetensors")), at_step)
-    state_c = load_file(str(tmp_path / "c.optim.safetensors"))
+    assert_equal(torch.load(tmp_path / "c.pt", weights_only=True), at_step)
+    state_c = torch.load(tmp_path / "c.optim.pt", weights_only=True)
     assert_equal(state_c, {n: t for n, t in stored.items() if "/" in n})
     assert sorted(state_c) == sorted(state)
     assert all(float(state_c[f"{n}/step"]) == step for n in params)
-    rec = export(target, job_id, tmp_path / "v.pt", "--version", str(step), "--format", "torch")
-    assert rec["source"] == chosen
-    assert_equal(torch.load(tmp_path / "v.pt", weights_only=True), at_step)
-    rec = export(target, job_id, tmp_path / "v12.safetensors", "--version", "12")
-    assert rec["version"] == 12
-    assert_equal(load_file(str(tmp_path / "v12.safetensors")), weights)
+    by_version = asyncio.run(at_version(local, job_id, step))
+    assert (by_version.version, by_version.source) == (step, chosen)
+    assert_equal(by_version.weights, at_step)
+    assert_equal(by_version.optimizer, state_c)
+    last = asyncio.run(at_version(local, job_id, 12))  # the checkpoint at 12, or the live state
+    assert last.version == 12
+    assert_equal(last.weights, weights)
+    assert_equal(last.optimizer, state)
 
     # the file goes back into a torch optimizer over the model, bit for bit
     model = resolve(spec).build_model(spec.seed)
