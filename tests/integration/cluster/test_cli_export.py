@@ -5,6 +5,7 @@ against the job's own checkpoint), and a given version or checkpoint exports wha
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -17,9 +18,17 @@ from stalwart.demo.watch import param_client, pull_weights
 from stalwart.models import resolve
 from stalwart.stores import open_store
 from tests.integration.cluster.test_cli import EXIT_INVALID_INPUT, one_error_line, stalwart
-from tests.integration.cluster.test_cli_training import assert_equal, export, submit
+from tests.integration.cluster.test_cli_training import assert_equal, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def export(target, job_id, path, *flags):
+    """`stalwart job export` (a CLI process: torch's import alone is slow on a busy machine)."""
+    out = stalwart("job", "export", job_id, "-o", str(path), "--output", "json", *flags, *target,
+                   timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 async def served(local, job_id: str, spec):
@@ -104,7 +113,7 @@ def test_export_weights_optimizer_state_version_and_checkpoint(local, tmp_path):
 
     # a version the job neither holds nor checkpointed: one error line, no file
     bad = stalwart("job", "export", job_id, "-o", str(tmp_path / "v5.safetensors"),
-                   "--version", "5", *target)  # fmt: skip
+                   "--version", "5", *target, timeout=300)  # fmt: skip
     assert bad.returncode == EXIT_INVALID_INPUT, bad.stderr
     assert "no checkpoint at step 5" in one_error_line(bad)
     assert not (tmp_path / "v5.safetensors").exists()
