@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from stalwart.cli.jobs import parse_model_args
 from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit, fail
 
 
@@ -68,12 +69,7 @@ def demo(
 
 def model_args(model: str, width: int, args: list[str]) -> dict[str, str]:
     """``--arg key=value`` pairs, and ``--width`` for digits-cnn (exit 2 on bad input)."""
-    out = {}
-    for item in args:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"--arg {item!r}: expected key=value", ExitCode.INVALID_INPUT)
-        out[key] = value
+    out = parse_model_args(args)
     if width:
         if model != "digits-cnn":
             fail("--width is digits-cnn's; use --arg for other models", ExitCode.INVALID_INPUT)
