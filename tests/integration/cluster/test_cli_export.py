@@ -15,6 +15,7 @@ from stalwart import checkpoint as ckpt
 from stalwart import codec, exporting, optim, training
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo.watch import param_client, pull_weights
+from stalwart.errors import ErrorKind, StalwartError
 from stalwart.models import resolve
 from stalwart.stores import open_store
 from tests.integration.cluster.test_cli import EXIT_INVALID_INPUT, one_error_line, stalwart
@@ -111,12 +112,11 @@ def test_export_weights_optimizer_state_version_and_checkpoint(local, tmp_path):
     exporting.load_optimizer_state(opt, model, opt_file)
     assert_equal(exporting.state_of(opt, dict(model.named_parameters())), state)
 
-    # a version the job neither holds nor checkpointed: one error line, no file
-    bad = stalwart("job", "export", job_id, "-o", str(tmp_path / "v5.safetensors"),
-                   "--version", "5", *target, timeout=300)  # fmt: skip
-    assert bad.returncode == EXIT_INVALID_INPUT, bad.stderr
-    assert "no checkpoint at step 5" in one_error_line(bad)
-    assert not (tmp_path / "v5.safetensors").exists()
+    # a version the job neither holds nor checkpointed: refused, naming the saved steps
+    with pytest.raises(StalwartError, match="no checkpoint at step 5") as refused:
+        asyncio.run(at_version(local, job_id, 5))
+    assert refused.value.kind is ErrorKind.FAILED_PRECONDITION
+    assert "checkpoints at steps: [" in refused.value.message and str(step) in refused.value.message
 
 
 @pytest.mark.parametrize(
