@@ -104,6 +104,9 @@ class ClusterConfig:
     """Start the health service and wire coordinators and trainers to it. ``stalwart up``
     and ``stalwart demo`` turn it on (``--no-health`` opts out); the library default stays
     off so test clusters and benchmarks keep their shape and figures."""
+    device: str = "auto"
+    """Trainers' ``--device`` (stalwart/devices.py): with auto or cuda, trainer i (standbys
+    numbered after the trainers) takes GPU i modulo the GPUs visible."""
     preload_services: bool = False
     """Fork services from a server with torch imported (test suites; see
     :mod:`stalwart.procs`). Off for ``stalwart up``: its services outlive the command."""
@@ -123,6 +126,7 @@ class Member:
     log: str
     shard: int = -1  # paramservers: their group
     started_as: str = ""  # paramservers: primary | backup; trainers: slot | standby
+    local_index: int = -1  # trainers: position among this machine's trainers (GPU choice)
 
 
 @dataclass
@@ -234,7 +238,7 @@ class LocalCluster:
             spec = _paramserver_spec(new, dead.shard, [], self.coordinator_addresses, True)
         else:
             spec = _trainer_spec(new, self.coordinator_addresses, True, self.config,
-                                 self.health_address)  # fmt: skip
+                                 max(dead.local_index, 0), self.health_address)  # its GPU is free now
         member = self._start(spec)
         self.save()
         return member
@@ -254,7 +258,7 @@ class LocalCluster:
                              netns=host.netns if host else None)  # fmt: skip
         self.procs[spec.name] = proc
         member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
-                        spec.shard, spec.started_as)  # fmt: skip
+                        spec.shard, spec.started_as, spec.local_index)  # fmt: skip
         self.members.append(member)
         return member
 
@@ -302,6 +306,7 @@ class _Spec:
     shard: int = -1
     started_as: str = ""
     env: dict[str, str] | None = None
+    local_index: int = -1
 
 
 def _coordinator_spec(
@@ -330,12 +335,14 @@ def _paramserver_spec(
 
 
 def _trainer_spec(
-    name: str, coordinators: list[str], standby: bool, config: ClusterConfig, health: str = ""
+    name: str, coordinators: list[str], standby: bool, config: ClusterConfig, index: int,
+    health: str = "",
 ) -> _Spec:
-    args = ["--coordinator", ",".join(coordinators)] + (["--standby"] if standby else [])
+    args = ["--coordinator", ",".join(coordinators), "--device", config.device,
+            "--local-index", str(index)] + (["--standby"] if standby else [])  # fmt: skip
     args += ["--health", health] if health else []
     return _Spec(name, "trainer", tuple(args), -1, "standby" if standby else "slot",
-                 dict(config.trainer_env) or None)  # fmt: skip
+                 dict(config.trainer_env) or None, index)  # fmt: skip
 
 
 # --- starting ---------------------------------------------------------------------------
@@ -414,12 +421,12 @@ def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:
         ] if port else []  # fmt: skip
         nodes += [
             pool.submit(cluster._start,
-                        _trainer_spec(f"trainer-{i}", coords, False, config, health))
+                        _trainer_spec(f"trainer-{i}", coords, False, config, i, health))
             for i in range(config.trainers)
         ]  # fmt: skip
         nodes += [
-            pool.submit(cluster._start,
-                        _trainer_spec(f"standby-{i}", coords, True, config, health))
+            pool.submit(cluster._start, _trainer_spec(f"standby-{i}", coords, True, config,
+                                                      config.trainers + i, health))  # fmt: skip
             for i in range(config.standbys)
         ]  # fmt: skip
         groups = [

@@ -112,3 +112,36 @@ def join(
             parts.sort(key=lambda pt: pt[0].row_start)
             result[name] = torch.cat([t for _, t in parts], dim=0)
     return result
+
+
+def join_state(
+    per_shard: Sequence[Mapping[str, torch.Tensor]], pieces: Sequence[Piece]
+) -> dict[str, torch.Tensor]:
+    """Reassemble optimizer state named ``<piece>/<key>`` into ``<tensor>/<key>``.
+
+    A state tensor shaped like its piece (Adam's moments, SGD's momentum) is
+    joined by rows as the parameter is; any other (Adam's scalar ``step``) is
+    the same on every piece of a tensor, since one push steps all of them, and
+    is taken once. Pieces that disagree mean a broken replica: ValueError.
+    """
+    by_name = {p.piece_name: p for p in pieces}
+    found: dict[tuple[str, str], list[tuple[Piece, torch.Tensor]]] = {}
+    for shard_tensors in per_shard:
+        for name, value in shard_tensors.items():
+            piece_name, sep, key = name.rpartition("/")
+            piece = by_name.get(piece_name) if sep else None
+            if piece is not None:
+                found.setdefault((piece.tensor_name, key), []).append((piece, value))
+    out = {}
+    for (tensor, key), parts in sorted(found.items()):
+        parts.sort(key=lambda pt: pt[0].row_start)
+        rows = [p.row_end - p.row_start for p, _ in parts]
+        if len(parts) == 1:
+            out[f"{tensor}/{key}"] = parts[0][1]
+        elif all(v.dim() > 0 and v.shape[0] == n for (_, v), n in zip(parts, rows, strict=True)):
+            out[f"{tensor}/{key}"] = torch.cat([v for _, v in parts], dim=0)
+        elif all(torch.equal(v, parts[0][1]) for _, v in parts):
+            out[f"{tensor}/{key}"] = parts[0][1]
+        else:
+            raise ValueError(f"optimizer state {tensor}/{key} differs between its pieces")
+    return out

@@ -17,13 +17,19 @@ from stalwart.errors import ErrorKind, StalwartError
 FORMATS = ("safetensors", "torch")
 
 
-def save(tensors: Mapping[str, torch.Tensor], path: Path, fmt: str = "safetensors") -> int:
-    """Write ``tensors`` (CPU copies, contiguous) to ``path``; returns the bytes of data."""
+def save(
+    tensors: Mapping[str, torch.Tensor],
+    path: Path,
+    fmt: str = "safetensors",
+    metadata: Mapping[str, str] | None = None,
+) -> int:
+    """Write ``tensors`` (CPU copies, contiguous) to ``path``; returns the bytes of data.
+    ``metadata`` goes into a safetensors header (the torch format has no place for it)."""
     data = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
     if fmt == "safetensors":
         from safetensors.torch import save_file
 
-        save_file(data, str(path))
+        save_file(data, str(path), metadata=dict(metadata) if metadata else None)
     elif fmt == "torch":
         torch.save(data, path)
     else:

@@ -316,6 +316,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     async def Pull(self, request, context):
         self._client(request.epoch)
         job = self._job(request.job_id)
+        if request.optimizer_state and request.since_version != -1:
+            raise StalwartError(
+                ErrorKind.INVALID_ARGUMENT, "optimizer_state needs since_version -1 (everything)"
+            )
         chunk_bytes = min(request.chunk_size or self.chunk_bytes, self.chunk_bytes)
         timeout = context.time_remaining() or self.sync_wait_s
         async with job.lock:
@@ -329,7 +333,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     ErrorKind.DEADLINE_EXCEEDED,
                     f"version {request.min_version} not reached (at {job.model.version})",
                 ) from None
-            header, chunks = await self._snapshot(job, request.since_version, chunk_bytes)
+            if request.optimizer_state:
+                header, chunks = await self._encode(job, job.model.state_tensors(), chunk_bytes)
+            else:
+                header, chunks = await self._snapshot(job, request.since_version, chunk_bytes)
         yield paramserver.PullResponse(header=header)
         for chunk in chunks:
             yield chunk  # a serialized PullResponse (see add_to_server)
@@ -350,14 +357,21 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         key = (job.model.version, names, chunk_bytes)
         if job.pull_cache is not None and job.pull_cache[0] == key:
             return job.pull_cache[1], job.pull_cache[2]
-        tensors = [job.model.params[n] for n in names]
-        chunks = await _off_loop(lambda: list(codec.encode_chunk_messages(tensors, chunk_bytes)))
-        header = paramserver.PullHeader(
-            version=job.model.version,
-            tensors=[codec.spec_of(n, t) for n, t in zip(names, tensors, strict=True)],
-            epoch=self.replica.epoch,
+        header, chunks = await self._encode(
+            job, {n: job.model.params[n] for n in names}, chunk_bytes
         )
         job.pull_cache = (key, header, chunks)
+        return header, chunks
+
+    async def _encode(self, job: JobRuntime, tensors: dict, chunk_bytes: int):
+        """Header and serialized chunk messages of ``tensors`` at the current version."""
+        values = list(tensors.values())
+        chunks = await _off_loop(lambda: list(codec.encode_chunk_messages(values, chunk_bytes)))
+        header = paramserver.PullHeader(
+            version=job.model.version,
+            tensors=[codec.spec_of(n, t) for n, t in tensors.items()],
+            epoch=self.replica.epoch,
+        )
         return header, chunks
 
     # --- inspection and control -------------------------------------------------

@@ -7,6 +7,7 @@ Assignment in protobuf JSON); the trainer trains it to the end and exits.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import torch
@@ -19,7 +20,7 @@ from services.trainer.settings import TrainerSettings
 from services.trainer.sources import CoordinatorSource, FileSource
 from services.trainer.telemetry import Telemetry
 from services.trainer.worker import Worker
-from stalwart import log, training, usererrors
+from stalwart import devices, log, training, usererrors
 from stalwart.api import coordinator, trainer_grpc
 from stalwart.channel import ChannelConfig, open_channel
 from stalwart.client.coordinator import CoordinatorClient
@@ -29,10 +30,11 @@ from stalwart.server import ServiceRunner, run_process, settings_or_exit
 SERVICE_NAME = "stalwart.v1.TrainerService"
 
 
-def pick_device(choice: str) -> str:
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return "cuda:0"
-    return "cpu"
+def pick_device(settings: TrainerSettings) -> str:
+    """The device of ``settings.device`` on this machine (DeviceError when impossible)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = devices.local_index(settings.local_index, os.environ)
+    return devices.select(devices.parse(settings.device), index, count)
 
 
 def client_factory(settings: TrainerSettings):
@@ -120,7 +122,9 @@ async def _quietly(coro) -> None:
 
 async def run(settings: TrainerSettings) -> None:
     training.make_deterministic(settings.torch_threads)
-    device = pick_device(settings.device)
+    device = pick_device(settings)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # bare "cuda" tensors and RNG forks go there too
     worker = Worker(
         device, client_factory(settings), Faults.parse(settings.faults), settings.poll_seconds
     )
@@ -187,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     log.configure_logging(settings.log_level, "trainer", settings.node_id)
     try:
         Faults.parse(settings.faults)
-    except ValueError as exc:
+        pick_device(settings)  # an impossible --device fails here (no CUDA context yet)
+    except ValueError as exc:  # DeviceError too
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2)
     run_process(run, settings)

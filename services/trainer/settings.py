@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Self
+from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from stalwart import devices
 from stalwart.settings import ServiceSettings
 
 
@@ -23,9 +24,15 @@ class TrainerSettings(ServiceSettings):
     """Test and offline mode: read one Assignment (protobuf JSON) from this file
     instead of asking a coordinator, train it to the end, then exit."""
 
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where gradients are computed; auto is CUDA when present, else CPU. Bitwise
-    equality holds between runs on the same kind of device."""
+    device: str = "auto"
+    """Where gradients are computed: auto (a GPU when present, else the CPU), cpu,
+    cuda (a GPU, required) or cuda:N. auto and cuda take GPU local_index modulo the
+    GPUs visible (stalwart/devices.py). Bitwise equality holds between runs on the
+    same kind of device."""
+
+    local_index: int | None = Field(default=None, ge=0)
+    """This trainer's position among the trainers of its machine, for one GPU per
+    trainer; default: LOCAL_RANK from the environment (torchrun's), else 0."""
 
     torch_threads: int = Field(default=1, ge=1)
     """Intra-op threads; 1 keeps CPU reductions in one order (deterministic)."""
@@ -53,6 +60,11 @@ class TrainerSettings(ServiceSettings):
 
     poll_seconds: float = Field(default=5.0, gt=0)
     """Longest single wait for new weights before looking at the assignment again."""
+
+    @field_validator("device")
+    @classmethod
+    def _device_parses(cls, value: str) -> str:
+        return str(devices.parse(value))  # DeviceError is a ValueError: a settings error
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

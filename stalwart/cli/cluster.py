@@ -53,13 +53,18 @@ def up(
     health: bool = typer.Option(
         True, help="start the health service; trainers stream to it, coordinators drain on it"
     ),
+    device: str = typer.Option(
+        "auto", help="trainers' device: auto (one GPU each, else CPU), cpu, cuda or cuda:N"
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Start 2 coordinators, paramserver groups, trainers, standbys and the health service
     as local processes."""
+    device = check_device(device, trainers + standbys)
     config = cluster.ClusterConfig(
         trainers=trainers, standbys=standbys, shards=shards, backups=backups,
         store_url=store_url, runs_root=runs_root, start_timeout_s=timeout, health=health,
+        device=device,
     )  # fmt: skip
     console = Console(stderr=True)
     try:
@@ -73,6 +78,23 @@ def up(
     except cluster.ClusterError as exc:
         fail(str(exc).splitlines()[0] + " (logs in the run folder)", ExitCode.FAILED)
     emit(output, cluster_data(local), lambda: _print_started(local, console))
+
+
+def check_device(text: str, trainers: int) -> str:
+    """``text`` normalised; exit 2 unless every local trainer can have it (they run here)."""
+    from stalwart import devices
+
+    try:
+        choice = devices.parse(text)
+        if choice.kind == "cuda":  # only then is torch worth importing (seconds)
+            import torch
+
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            for index in range(max(trainers, 1)):
+                devices.select(choice, index, count)
+    except devices.DeviceError as exc:
+        fail(f"--device: {exc}", ExitCode.INVALID_INPUT)
+    return str(choice)
 
 
 def _print_started(local: cluster.LocalCluster, console: Console) -> None:

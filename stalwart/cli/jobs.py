@@ -66,6 +66,17 @@ _MODES = {
 }
 
 
+def parse_model_args(args: list[str]) -> dict[str, str]:
+    """``--arg key=value`` flags as a dict (exit 2 on one without ``=`` or key)."""
+    out = {}
+    for item in args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--arg {item!r}: expected key=value", ExitCode.INVALID_INPUT)
+        out[key] = value
+    return out
+
+
 def build_spec(
     model: str,
     slots: int | None,
@@ -87,12 +98,7 @@ def build_spec(
     coordinator validates the spec and answers INVALID_ARGUMENT with a reason.
     """
     defaults = BUILTIN_DEFAULTS.get(model, FALLBACK)
-    model_args = {}
-    for item in args:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"--arg {item!r}: expected key=value", ExitCode.INVALID_INPUT)
-        model_args[key] = value
+    model_args = parse_model_args(args)
     spec = coordinator.JobSpec()
     spec.CopyFrom(defaults.get("spec", coordinator.JobSpec()))
     spec.MergeFrom(coordinator.JobSpec(

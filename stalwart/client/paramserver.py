@@ -192,8 +192,14 @@ class ShardGroupClient:
         return await self._with_failover(attempt)
 
     async def pull(
-        self, job_id: str, since_version: int = -1, min_version: int = 0
+        self,
+        job_id: str,
+        since_version: int = -1,
+        min_version: int = 0,
+        optimizer_state: bool = False,
     ) -> tuple[int, dict[str, torch.Tensor]]:
+        """``optimizer_state``: the optimizer's ``<piece>/<key>`` tensors come too."""
+
         async def attempt(address):
             request = paramserver.PullRequest(
                 job_id=job_id,
@@ -201,6 +207,7 @@ class ShardGroupClient:
                 min_version=min_version,
                 epoch=self.epoch,
                 chunk_size=self.chunk_bytes,
+                optimizer_state=optimizer_state,
             )
             stream = self.stub(address).Pull(request, timeout=self.call_timeout_s)
             header = None
@@ -307,13 +314,24 @@ class ParamServerClient:
             )
         )
 
-    async def pull(self, job_id: str, since_version: int = -1, min_version: int = 0):
-        """Returns (version per shard, full tensors that changed)."""
+    async def pull(
+        self,
+        job_id: str,
+        since_version: int = -1,
+        min_version: int = 0,
+        optimizer_state: bool = False,
+    ):
+        """Returns (version per shard, full tensors that changed); with ``optimizer_state``
+        the optimizer's tensors too, as ``<param>/<key>`` (shardmap.join_state)."""
         results = await asyncio.gather(
-            *(g.pull(job_id, since_version, min_version) for g in self.groups)
+            *(g.pull(job_id, since_version, min_version, optimizer_state) for g in self.groups)
         )
         versions = [v for v, _ in results]
-        return versions, shardmap.join([t for _, t in results], self.pieces)
+        per_shard = [t for _, t in results]
+        tensors = shardmap.join(per_shard, self.pieces)
+        if optimizer_state:
+            tensors.update(shardmap.join_state(per_shard, self.pieces))
+        return versions, tensors
 
     async def record_evaluation(
         self, job_id: str, version: int, metrics: Mapping[str, float]

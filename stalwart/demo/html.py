@@ -82,7 +82,7 @@ def page(report: dict) -> str:
                    else f'<span class="bad">NO</span> {escape(", ".join(ref["tensors_differing"]))}')  # fmt: skip
     else:
         verdict = "not computed"
-    acc_cls = "ok" if final["accuracy"] >= final["accuracy_goal"] else "bad"
+    acc_cls = {True: "ok", False: "bad", None: ""}[final["goal_met"]]
     t = report["timings"]
     summary = f"""
 <table>
@@ -91,8 +91,8 @@ def page(report: dict) -> str:
 <tr><th>cluster</th><td>{report['cluster']['coordinators']} coordinators,
  {report['cluster']['paramservers']} paramservers, {report['cluster']['trainers']} trainers +
  {report['cluster']['standbys']} standby, store {escape(report['cluster']['store_url'])}</td></tr>
-<tr><th>final held-out accuracy</th><td class="{acc_cls}">{final['accuracy']:.2%}
- ({final['test_examples']} images; goal ≥ {final['accuracy_goal']:.0%}), loss {final['loss']:.4f}</td></tr>
+<tr><th>final held-out accuracy</th><td class="{acc_cls}">{final['accuracy']:.2%}, loss {final['loss']:.4f}
+ ({final['test_examples']} {escape(final['examples_are'])}; goal {escape(final['goal'])})</td></tr>
 <tr><th>bitwise equal to a fault-free run</th><td>{verdict}</td></tr>
 <tr><th>steps</th><td>final version {steps['final_version']}/{job['steps']};
  STEP_COMMITTED announced for {steps['committed']} ({len(steps['missing'])} not announced,

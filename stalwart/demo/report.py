@@ -17,6 +17,23 @@ from stalwart.api import coordinator
 from stalwart.demo import timeline
 
 ACCURACY_GOAL = 0.97
+# Held-out goal of each built-in the demo trains: (metric, goal, higher is better, text),
+# from docs/models.md (char-lm's holds at its default 300 steps; a shorter run falls short).
+GOALS: dict[str, tuple[str, float, bool, str]] = {
+    "digits-cnn": ("accuracy", ACCURACY_GOAL, True, f"accuracy ≥ {ACCURACY_GOAL:.0%}"),
+    "char-lm": ("loss", 2.0, False, "loss ≤ 2.0 nats/byte"),
+}
+# What the held-out "examples" of each model are.
+EXAMPLES = {"digits-cnn": "test images", "char-lm": "held-out bytes"}
+
+
+def goal(model: str, metrics: dict[str, float]) -> dict:
+    """The model's goal as text and whether ``metrics`` meet it (None: no goal)."""
+    if model not in GOALS:
+        return {"goal": "none set", "goal_met": None}
+    metric, value, higher, text = GOALS[model]
+    got = metrics[metric]
+    return {"goal": text, "goal_met": bool(got >= value if higher else got <= value)}
 
 
 def build(
@@ -72,7 +89,8 @@ def build(
             "accuracy": round(result.final_metrics["accuracy"], 4),
             "loss": round(result.final_metrics["loss"], 4),
             "test_examples": int(result.final_metrics.get("examples", 0)),
-            "accuracy_goal": ACCURACY_GOAL,
+            "examples_are": EXAMPLES.get(spec.model, "held-out examples"),
+            **goal(spec.model, result.final_metrics),
         },
         "reference": {
             "computed": reference is not None,
@@ -157,7 +175,7 @@ def render(report: dict, console: Console | None = None) -> None:
         )  # fmt: skip
     console.print(table)
     _render_drain(report.get("health_drain"), console)
-    acc_ok = "ok" if final["accuracy"] >= final["accuracy_goal"] else "BELOW GOAL"
+    met = {True: "met", False: "NOT MET", None: "-"}[final["goal_met"]]
     if ref["computed"]:
         lost = "0 (the weights equal the reference)" if ref["bitwise_equal"] else "SOME"
     else:
@@ -168,9 +186,9 @@ def render(report: dict, console: Console | None = None) -> None:
         f"({len(steps['missing'])} not announced, {len(steps['repeated'])} twice)"
     )
     console.print(
-        f"final held-out accuracy: [bold]{final['accuracy']:.2%}[/bold] on "
-        f"{final['test_examples']} test images (goal ≥ {final['accuracy_goal']:.0%}: {acc_ok}); "
-        f"loss {final['loss']:.4f}"
+        f"final held-out accuracy: [bold]{final['accuracy']:.2%}[/bold], loss "
+        f"[bold]{final['loss']:.4f}[/bold] on {final['test_examples']} {final['examples_are']} "
+        f"(goal {final['goal']}: {met})"
     )
     if ref["computed"]:
         verdict = (

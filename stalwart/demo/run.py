@@ -1,7 +1,8 @@
 """``stalwart demo``: train a real model on a local cluster while killing its processes.
 
 The script: start a local cluster (2 coordinators, a paramserver primary and
-backup, N trainers and M standbys), submit ``digits-cnn`` in sync mode, and at
+backup, N trainers and M standbys), submit the model (``digits-cnn`` unless
+``DemoConfig.model`` says otherwise, e.g. ``char-lm``) in sync mode, and at
 fixed fractions of the run kill -9 a slot's trainer, the paramserver primary and
 the coordinator leader, each chosen at kill time from what the cluster reports.
 With the health service on (the default), ``trainer-0`` also heats up from

@@ -102,11 +102,12 @@ async def param_client(client: CoordinatorClient, job_id: str, spec) -> ParamSer
 
 
 async def pull_weights(
-    ps: ParamServerClient, job_id: str, min_version: int = 0
+    ps: ParamServerClient, job_id: str, min_version: int = 0, optimizer_state: bool = False
 ) -> tuple[int, dict[str, torch.Tensor]]:
-    """The job's weights at a version every shard group agrees on (>= ``min_version``)."""
+    """The job's weights at a version every shard group agrees on (>= ``min_version``);
+    with ``optimizer_state`` also the optimizer's tensors (``<param>/<key>``)."""
     for _ in range(100):  # a commit may land on some groups first: pull again
-        versions, params = await ps.pull(job_id, -1, min_version)
+        versions, params = await ps.pull(job_id, -1, min_version, optimizer_state)
         if min(versions) == max(versions):
             return versions[0], params
         min_version = max(versions)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,30 +35,38 @@ class Outcome:
     version: int
     killed: str = ""
     killed_at_step: int = -1
+    kills: list[tuple[str, int]] = field(default_factory=list)  # (member, step) in order
 
 
 async def run_job(
-    local: cluster.LocalCluster, spec: coordinator.JobSpec, kill: str = "", at_step: int = 0
+    local: cluster.LocalCluster,
+    spec: coordinator.JobSpec,
+    kill: str = "",
+    at_step: int = 0,
+    schedule: Sequence[tuple[str, int]] = (),
 ) -> Outcome:
-    """Submit ``spec``; at step ``at_step`` kill -9 the ``kill`` kind; wait for the end."""
+    """Submit ``spec``; at step ``at_step`` kill -9 the ``kill`` kind (or each
+    ``(kind, step)`` of ``schedule`` in turn); wait for the end."""
+    plan = list(schedule) or ([(kill, at_step)] if kill else [])
     async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
         job = await client.create_job(spec)
         recorder = EventRecorder(client, job.job_id)
         watch = asyncio.create_task(recorder.run())
-        killed, killed_at = "", -1
+        kills: list[tuple[str, int]] = []
         try:
-            if kill:
-                assert await recorder.wait_step(at_step, JOB_TIMEOUT_S), "job never got there"
-                killed = await pick_target(kill, local, client, job.job_id)
-                killed_at = recorder.step
-                await asyncio.to_thread(local.kill, killed)
+            for kind, step in plan:
+                assert await recorder.wait_step(step, JOB_TIMEOUT_S), "job never got there"
+                name = await pick_target(kind, local, client, job.job_id)
+                kills.append((name, recorder.step))
+                await asyncio.to_thread(local.kill, name)
             job, version, weights = await finish_and_pull(client, job, spec)
             await recorder.wait_step(spec.steps, 5.0)  # the last STEP_COMMITTED events
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watch
-    return Outcome(job, list(recorder.events), weights, version, killed, killed_at)
+    killed, killed_at = kills[0] if kills else ("", -1)
+    return Outcome(job, list(recorder.events), weights, version, killed, killed_at, kills)
 
 
 async def finish_and_pull(client: CoordinatorClient, job: coordinator.Job, spec):
