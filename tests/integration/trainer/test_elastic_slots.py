@@ -14,9 +14,15 @@ from stalwart import training
 from stalwart.api import common, coordinator
 from stalwart.client import CoordinatorClient
 from tests.helpers import assert_eventually_async
-from tests.integration.coordinator.support import wait_leader
 
-from .support import assert_bitwise_equal, final_weights, small_spec, wait_exit
+from .support import (
+    assert_bitwise_equal,
+    coordinated_paramservers,
+    final_weights,
+    small_spec,
+    wait_exit,
+    wait_trainers,
+)
 from .test_trainer_with_coordinator import _events_until_end, trainer_status, wait_job_done
 
 pytestmark = pytest.mark.timeout(420)
@@ -40,26 +46,15 @@ async def test_fewer_trainers_than_slots_then_more_bitwise(cluster_procs):
     want_a = await asyncio.to_thread(training.reference_run, spec_a)
     want_b = await asyncio.to_thread(training.reference_run, spec_b)
 
-    coord = procs.coordinator("c1")
-    await wait_leader(coord.address)
-    join = ("--coordinator", coord.address)
-    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
-    primary = procs.start(
-        "services.paramserver", "ps-p", "--role", "primary", "--backups", backup.address, *join
-    )
-    pulls = [primary.address, backup.address]
+    join, paramservers = await coordinated_paramservers(procs)
+    pulls = [p.address for p in paramservers]
     # tr0 and tr2 SIGKILL themselves at step 3 of job A (before pushing it); tr1
     # stops making progress at step HANG_AT, which only job B reaches.
     doomed = [procs.trainer(n, *join, faults="crash_at_step=3") for n in ("tr0", "tr2")]
     lone = procs.trainer("tr1", *join, faults=f"hang_at_step={HANG_AT}")
 
-    async with CoordinatorClient(coord.address) as client:
-
-        async def trainers_registered():
-            nodes = await client.all_nodes(common.NODE_ROLE_TRAINER)
-            assert {n.node_id for n in nodes} == {"tr0", "tr1", "tr2"}
-
-        await assert_eventually_async(trainers_registered, timeout=60)
+    async with CoordinatorClient(join[1]) as client:
+        await wait_trainers(client, {"tr0", "tr1", "tr2"}, 60)
 
         # --- job A: two of three trainers die; the job finishes on the third -------
         job_a = await client.create_job(spec_a, job_id="elastic-a")
