@@ -26,7 +26,7 @@ from tests.integration.trainer.test_trainer_with_coordinator import (
 
 from .test_cli import EXIT_INVALID_INPUT, ROOT, one_error_line, stalwart
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 JOB = "durable"
 STOP_AT = 10  # phase one's trainers stop making progress here
@@ -35,7 +35,7 @@ STOP_AT = 10  # phase one's trainers stop making progress here
 def config(store_url: str, runs: Path, trainers: int, env=None) -> cluster.ClusterConfig:
     return cluster.ClusterConfig(trainers=trainers, standbys=0, spares=0, store_url=store_url,
                                  runs_root=runs, preload_services=PRELOAD,
-                                 trainer_env=env or {}, start_timeout_s=300)  # fmt: skip
+                                 trainer_env=env or {}, start_timeout_s=600)  # fmt: skip
 
 
 async def run_part_way(store_url: str, runs: Path) -> coordinator.JobSpec:
@@ -44,7 +44,7 @@ async def run_part_way(store_url: str, runs: Path) -> coordinator.JobSpec:
     hang = {"STALWART_FAULTS": f"hang_at_step={STOP_AT}"}
     first = cluster.start(config(store_url, runs, trainers=2, env=hang))
     try:
-        await cluster.wait_healthy(first, 300)
+        await cluster.wait_healthy(first, 600)
         submit = stalwart("job", "submit", "--slots", "2", "--steps", "40", "--batch-size", "16",
                           "--arg", "width=8", "--seed", "7", "--checkpoint-interval", "2",
                           "--job-id", JOB, "-o", "json", "--run-dir", str(first.run_dir),
@@ -83,7 +83,7 @@ async def _down_up_resume(tmp_path: Path) -> None:
     second = cluster.start(config(url, runs, trainers=0))
     late = []
     try:
-        await cluster.wait_healthy(second, 300)
+        await cluster.wait_healthy(second, 600)
         target = ("--run-dir", str(second.run_dir))
         unknown = stalwart("job", "resume", "no-such-job", *target, timeout=300)
         assert unknown.returncode == EXIT_INVALID_INPUT

@@ -25,7 +25,7 @@ from .support import (
 )
 from .test_trainer_with_coordinator import _events_until_end, trainer_status, wait_job_done
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(1200)  # two reference runs first; slow when loaded
 
 HANG_AT = 12  # job B's step at which its lone trainer stops (still heartbeating)
 
