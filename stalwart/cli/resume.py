@@ -29,6 +29,10 @@ from stalwart.client.coordinator import CoordinatorClient
 from stalwart.errors import ErrorKind, RpcError
 
 RETRY_PAUSE_S = 1.0  # between attempts while the new paramservers are not yet polled
+RESTORE_CALL_S = 60.0  # one RestoreCheckpoint attempt: it promotes and loads before answering
+# Worth another try with the same request id: no leader right now (an election after
+# `up`), no replica to restore onto yet, or an attempt that ran out of time.
+_AGAIN = {ErrorKind.UNAVAILABLE, ErrorKind.NOT_LEADER, ErrorKind.DEADLINE_EXCEEDED}
 HINT_DURABLE = (
     "a job outlives `stalwart down` only in a durable store: stalwart up --store-url file://DIR"
 )
@@ -97,13 +101,17 @@ async def resume_job(client: CoordinatorClient, job_id: str, timeout_s: float) -
 async def _restore(
     client: CoordinatorClient, checkpoint_id: str, request_id: str, deadline: float
 ) -> coordinator.Job:
-    """RestoreCheckpoint, retried while UNAVAILABLE (right after ``up`` the leader may not
-    yet have polled the new paramservers it restores onto)."""
+    """RestoreCheckpoint, retried under one request id (a retry never restores twice)
+    while the answer is worth waiting for: right after ``up`` the leader may not yet
+    have polled the new paramservers it restores onto, or not be elected yet."""
     while True:
+        left = deadline - time.monotonic()
         try:
-            return await client.restore_checkpoint(checkpoint_id, request_id)
+            return await client.restore_checkpoint(
+                checkpoint_id, request_id, timeout_s=max(1.0, min(RESTORE_CALL_S, left))
+            )
         except RpcError as err:
-            if err.kind is not ErrorKind.UNAVAILABLE or time.monotonic() >= deadline:
+            if err.kind not in _AGAIN or time.monotonic() >= deadline:
                 raise
         await asyncio.sleep(RETRY_PAUSE_S)
 

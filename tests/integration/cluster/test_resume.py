@@ -84,7 +84,8 @@ async def _down_up_resume(tmp_path: Path) -> None:
     late = []
     try:
         await cluster.wait_healthy(second, 600)
-        target = ("--run-dir", str(second.run_dir))
+        # --timeout: how long to look for a leader (elections are slow on a loaded machine)
+        target = ("--run-dir", str(second.run_dir), "--timeout", "120")
         unknown = stalwart("job", "resume", "no-such-job", *target, timeout=300)
         assert unknown.returncode == EXIT_INVALID_INPUT
         assert "no job 'no-such-job'" in one_error_line(unknown)
