@@ -50,7 +50,7 @@ async def run_part_way(store_url: str, runs: Path) -> coordinator.JobSpec:
                           "--job-id", JOB, "-o", "json", "--run-dir", str(first.run_dir),
                           timeout=300)  # fmt: skip
         assert submit.returncode == 0, submit.stderr
-        async with CoordinatorClient(first.coordinator_addresses) as client:
+        async with CoordinatorClient(first.coordinator_addresses, retry_for_s=120) as client:
 
             async def checkpointed():
                 job = await client.get_job(JOB)
@@ -93,7 +93,8 @@ async def _down_up_resume(tmp_path: Path) -> None:
         resumed = stalwart("job", "resume", JOB, "-o", "json", *target, timeout=300)
         assert resumed.returncode == 0, resumed.stderr
         answer = json.loads(resumed.stdout)
-        async with CoordinatorClient(second.coordinator_addresses) as client:
+        # retry_for_s: leader elections on a loaded machine's file:// store can take a while
+        async with CoordinatorClient(second.coordinator_addresses, retry_for_s=120) as client:
             newest = (await client.list_checkpoints(JOB)).checkpoints[0]
             assert (answer["checkpoint"], answer["step"]) == (newest.checkpoint_id, newest.step)
             assert 0 < newest.step <= STOP_AT
