@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from services.coordinator import drain, jobs, metrics, placement, taskerrors
+from services.coordinator import drain, elastic, jobs, metrics, placement, taskerrors
 from services.coordinator.convert import (
     job_from_proto,
     job_to_proto,
@@ -46,7 +46,12 @@ class Directions:
     node: NodeRecord
     draining: bool
     job: jobs.Job | None = None
-    slot: int = -1  # -1 with a job: a warm standby place
+    slots: tuple[int, ...] = ()  # ascending; none with a job: a warm standby place
+
+    @property
+    def slot(self) -> int:
+        """The first slot held, -1 for none."""
+        return self.slots[0] if self.slots else -1
 
 
 class Control:
@@ -236,17 +241,19 @@ class Control:
 
     # --- nodes ---------------------------------------------------------------------
 
-    def holdings(self) -> dict[str, tuple[str, int]]:
-        """node id -> (job id, slot or -1 for a standby place), for active and finished jobs."""
-        out: dict[str, tuple[str, int]] = {}
+    def holdings(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """node id -> (job id, the slots it holds ascending; none for a standby place),
+        for active and finished jobs."""
+        out: dict[str, tuple[str, tuple[int, ...]]] = {}
         for job in self.jobs.values():
-            out.update({n: (job.job_id, -1) for n in job.standbys})
-            out.update({s.node_id: (job.job_id, s.index) for s in job.slots if s.node_id})
+            out.update({n: (job.job_id, ()) for n in job.standbys})
+            for node_id, slots in elastic.load({s.index: s.node_id for s in job.slots}).items():
+                out[node_id] = (job.job_id, tuple(slots))
         return out
 
     def node_proto(self, node: NodeRecord, holdings: dict | None = None):
-        job_id, slot = (holdings or self.holdings()).get(node.node_id, ("", -1))
-        return node_to_proto(node, job_id, slot)
+        job_id, slots = (holdings or self.holdings()).get(node.node_id, ("", ()))
+        return node_to_proto(node, job_id, slots)
 
     async def register(self, record: NodeRecord) -> NodeRecord:
         async with self.lock:
@@ -274,10 +281,10 @@ class Control:
                     ErrorKind.UNKNOWN_NODE,
                     f"node {node_id!r} is not registered (lease lapsed?): register again",
                 ) from None
-            job_id, slot = self.holdings().get(node_id, ("", -1))
+            job_id, slots = self.holdings().get(node_id, ("", ()))
             job = self.jobs.get(job_id)
             draining = node.state in (NodeState.DRAINING, NodeState.DRAINED)
-            return Directions(node, draining, job if job and not job.finished else None, slot)
+            return Directions(node, draining, job if job and not job.finished else None, slots)
 
     async def check_node_epoch(self, epoch: int, who: str) -> None:
         """A node's request carries a higher coordinator epoch than ours (caller holds the
@@ -474,6 +481,8 @@ class Control:
             job = self.jobs[a.job_id]
             kind = EV.EVENT_KIND_STANDBY_PROMOTED if a.from_standby else EV.EVENT_KIND_SLOT_ASSIGNED
             how = "standby promoted into" if a.from_standby else "assigned"
+            if a.beside:
+                how = "computes, beside its own,"
             self.events.add(kind, f"{a.node_id} {how} slot {a.slot} of {a.job_id} at step {job.step}",
                             job_id=a.job_id, node_id=a.node_id, step=job.step, slot=a.slot)  # fmt: skip
         elif isinstance(a, placement.AttachStandby):

@@ -117,8 +117,11 @@ def _status(state: JobState, reason: str, created: float, updated: float, step: 
 # --- nodes -----------------------------------------------------------------------------
 
 
-def node_to_proto(node: NodeRecord, job_id: str = "", slot: int = -1) -> coordinator.Node:
-    """The wire Node; ``job_id``/``slot`` say what it holds (slot -1: none, or a standby place)."""
+def node_to_proto(
+    node: NodeRecord, job_id: str = "", slots: tuple[int, ...] = ()
+) -> coordinator.Node:
+    """The wire Node; ``job_id``/``slots`` say what it holds (no slot: none, or a standby
+    place). ``slot`` is the first of them, -1 for none."""
     return coordinator.Node(
         node_id=node.node_id,
         role=ROLES[node.role],
@@ -129,7 +132,8 @@ def node_to_proto(node: NodeRecord, job_id: str = "", slot: int = -1) -> coordin
         labels=node.labels,
         standby=node.standby,
         job_id=job_id,
-        slot=slot,
+        slot=slots[0] if slots else -1,
+        slots=slots,
         step_time_ema_seconds=node.step_time_ema,
         shard=node.shard,
         replica_role=REPLICA_ROLES[node.replica_role],

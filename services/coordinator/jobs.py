@@ -5,8 +5,10 @@
        +--------(cancel / fail)----------------+--> CANCELLED / FAILED
 
 Terminal states absorb every later event (cancelling a finished job changes
-nothing). A RUNNING job that loses a trainer stays RUNNING: its slot waits for
-a standby or a free trainer, and the paramserver simply does not advance.
+nothing). A RUNNING job that loses a trainer stays RUNNING: its slot goes to a
+standby or a free trainer, and failing those to one of the job's own trainers,
+which computes it beside its own (placement.py, elastic.py); only a job left
+with no trainer at all waits, and the paramserver simply does not advance.
 Plain code, fed events with the time passed in; no I/O.
 """
 

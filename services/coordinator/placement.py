@@ -9,6 +9,10 @@ Rules (docs/control-plane.md):
   a RUNNING job takes its own warm standbys first (they already hold the
   weights), then free trainers, then spare standbys; a PENDING job takes free
   trainers first;
+* elastic slots (services/coordinator/elastic.py): slots still free when the
+  pool is empty go to the job's own trainers, the least loaded first, which
+  compute them one after another; once idle trainers exist again, a trainer's
+  extra slots move to them (after every job's free slots were served);
 * trainers registered as standby that are free are attached to the active job
   with the fewest standbys;
 * a finished job releases its trainers; a draining node left with no work is
@@ -20,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from services.coordinator import drain
+from services.coordinator import drain, elastic
 from services.coordinator.jobs import Job, JobState
 from services.coordinator.membership import NodeRecord, NodeState, Role
 
@@ -44,6 +48,7 @@ class Assign:
     slot: int
     node_id: str
     from_standby: bool  # a warm standby of this job was promoted into the slot
+    beside: bool = False  # computed beside the node's other slots of the job (elastic)
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,10 @@ def decide(jobs: Sequence[Job], nodes: Iterable[NodeRecord]) -> list[Action]:
         actions += _vacate_ineligible(job, eligible, busy)
     for job in active:
         actions += _fill_free_slots(job, eligible, busy, actions)
+    for job in active:  # free slots of every job first, then extra slots
+        actions += _spread_extras(job, eligible, busy, actions)
+    for job in active:
+        actions += _spill_free_slots(job, eligible, actions)
     actions += _attach_standbys(active, eligible, busy, actions)
     actions += _finish_drains(nodes, jobs, actions)
     return actions
@@ -113,22 +122,60 @@ def _vacate_ineligible(job: Job, eligible: dict, busy: set[str]) -> list[Action]
 def _fill_free_slots(
     job: Job, eligible: dict, busy: set[str], so_far: list[Action]
 ) -> list[Action]:
-    vacated = {a.slot for a in so_far if isinstance(a, Vacate) and a.job_id == job.job_id}
-    free = [s.index for s in job.slots if not s.node_id or s.index in vacated]
-    if not free:
+    free = [slot for slot, node in _holders(job, so_far).items() if not node]
+    return _give(job, free, _pool(job, eligible, busy), busy)
+
+
+def _spread_extras(job: Job, eligible: dict, busy: set[str], so_far: list[Action]) -> list[Action]:
+    """Idle trainers take the extra slots of trainers that hold several."""
+    holders = _holders(job, so_far)
+    extra = elastic.extras(holders, _rank_ids(eligible, holders))
+    if not extra:
         return []
+    return _give(job, extra, _pool(job, eligible, busy), busy)
+
+
+def _spill_free_slots(job: Job, eligible: dict, so_far: list[Action]) -> list[Action]:
+    """Slots no idle trainer took go to the job's own trainers (none: the job waits)."""
+    holders = _holders(job, so_far)
+    return [
+        Assign(job.job_id, slot, node_id, from_standby=False, beside=True)
+        for slot, node_id in elastic.spill(holders, _rank_ids(eligible, holders))
+    ]
+
+
+def _pool(job: Job, eligible: dict, busy: set[str]) -> list[NodeRecord]:
+    """Trainers that may take a slot of ``job``, in the order they take them."""
     own = _ranked(eligible[n] for n in job.standbys if n in eligible)
     idle = _ranked(n for n in eligible.values() if n.node_id not in busy)
     workers = [n for n in idle if not n.standby]
     spares = [n for n in idle if n.standby]
-    pool = own + workers + spares if job.state is JobState.RUNNING else workers + own + spares
+    return own + workers + spares if job.state is JobState.RUNNING else workers + own + spares
+
+
+def _give(job: Job, slots: list[int], pool: list[NodeRecord], busy: set[str]) -> list[Action]:
     out: list[Action] = []
-    for slot, node in zip(free, pool, strict=False):
+    for slot, node in zip(slots, pool, strict=False):
         out.append(
             Assign(job.job_id, slot, node.node_id, from_standby=node.node_id in job.standbys)
         )
         busy.add(node.node_id)
     return out
+
+
+def _holders(job: Job, so_far: list[Action]) -> dict[int, str]:
+    """slot -> node id ("" free) of ``job`` once this round's actions are applied."""
+    holders = {s.index: s.node_id for s in job.slots}
+    for a in so_far:
+        if isinstance(a, Vacate) and a.job_id == job.job_id:
+            holders[a.slot] = ""
+        elif isinstance(a, Assign) and a.job_id == job.job_id:
+            holders[a.slot] = a.node_id
+    return holders
+
+
+def _rank_ids(eligible: dict, holders: dict[int, str]) -> list[str]:
+    return [n.node_id for n in _ranked(eligible[n] for n in set(holders.values()) if n)]
 
 
 def _attach_standbys(

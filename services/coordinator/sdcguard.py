@@ -114,7 +114,8 @@ class SdcGuard:
 
         standbys = sorted((nodes[n] for n in job.standbys if usable(n)), key=placement.rank_key)
         holders = sorted(
-            (nodes[s.node_id] for s in job.slots if s.node_id and usable(s.node_id)),
+            # a set: one trainer may hold several slots (elastic.py)
+            (nodes[n] for n in {s.node_id for s in job.slots if s.node_id} if usable(n)),
             key=placement.rank_key,
         )
         return [n.node_id for n in standbys + holders]

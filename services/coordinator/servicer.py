@@ -145,7 +145,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
             return None
         return coordinator.Assignment(
             job_id=d.job.job_id, spec=d.job.spec, slot=d.slot, step=d.job.step,
-            shard_map=self._shard_map(d.job.num_shards), standby=d.slot < 0,
+            shard_map=self._shard_map(d.job.num_shards), standby=not d.slots, slots=d.slots,
         )  # fmt: skip
 
     def _shard_map(self, num_shards: int) -> coordinator.GetShardMapResponse:

@@ -70,13 +70,14 @@ class Evaluator:
         self._model: torch.nn.Module | None = None
         self._previous = -1
 
-    async def between_steps(self, job, slot: int) -> None:
-        """Called after the worker loaded a version; evaluates and reports it when due."""
+    async def between_steps(self, job, slots: tuple[int, ...]) -> None:
+        """Called after the worker loaded a version; evaluates and reports it when due
+        (by the trainer holding slot 0, however many slots it holds)."""
         if job.job_id != self._job_id:
             self._job_id, self._model, self._previous = job.job_id, None, -1
         previous, self._previous = self._previous, job.version
         spec = job.spec
-        if slot != 0 or not due(job.version, spec.eval_every, spec.steps, previous):
+        if 0 not in slots or not due(job.version, spec.eval_every, spec.steps, previous):
             return
         version = job.version
         try:

@@ -3,8 +3,11 @@
 Sync mode (docs/control-plane.md): the step to compute is always the
 paramserver version. Holding slot k, the worker pulls version v, computes step
 v for slot k, pushes it with key (job, v, k) and base_version v, and waits for
-the step to commit (the push returns once every slot has pushed). A warm
-standby only pulls, so that taking over a slot costs no transfer.
+the step to commit (the push returns once every slot has pushed). Holding
+several slots (elastic: fewer live trainers than slots), it computes them one
+after another from the same weights, each pushed under its own key as soon as
+it is ready, exactly what separate trainers would push. A warm standby only
+pulls, so that taking over a slot costs no transfer.
 
 Pulls are read-only, so they are abandoned the moment the assignment changes;
 a computed step is always pushed to the end (graceful stop finishes the step).
@@ -46,11 +49,19 @@ USER_ERROR_PAUSE_S = 1.0  # before retrying a step whose user code raised
 STANDBY_REFRESH_S = 1.0
 
 
+def slots_of(a: coordinator.Assignment) -> tuple[int, ...]:
+    """The slots an assignment gives, ascending; none for a standby (a coordinator
+    that predates ``slots`` names just ``slot``)."""
+    if a.standby:
+        return ()
+    return tuple(sorted(a.slots)) if a.slots else (a.slot,)
+
+
 def _shape(a: coordinator.Assignment | None) -> tuple | None:
     """What identifies an assignment's work (the step field only says where it stood)."""
     if a is None:
         return None
-    return (a.job_id, a.slot, a.standby, a.shard_map.SerializeToString(deterministic=True))
+    return (a.job_id, slots_of(a), a.standby, a.shard_map.SerializeToString(deterministic=True))
 
 
 @dataclass
@@ -103,7 +114,7 @@ class Worker:
             logger.info(
                 "assignment changed",
                 job=assignment.job_id if assignment else "",
-                slot=assignment.slot if assignment else -1,
+                slots=list(slots_of(assignment)) if assignment else [],
                 standby=assignment.standby if assignment else False,
             )
             self.desired = assignment
@@ -135,7 +146,7 @@ class Worker:
             if assignment.standby:
                 await self._follow()
             else:
-                await self._step(assignment.slot)
+                await self._step(slots_of(assignment))
         except (RpcError, StalwartError) as err:
             await self._on_error(err)
         except usererrors.UserCodeError as err:
@@ -289,72 +300,109 @@ class Worker:
 
     # --- computing a step --------------------------------------------------------------
 
-    async def _step(self, slot: int) -> None:
+    async def _step(self, slots: tuple[int, ...]) -> None:
+        """Compute the step for every slot held, one after another from the same weights;
+        each slot's push goes out as soon as its gradient is ready, then all wait for
+        the commit together (the step commits only once every slot has pushed)."""
         job = self.job
         fresh, job.prefetched = job.prefetched, False
         if not fresh and not await self._pull(job.next_version):
             return
-        await self.evaluator.between_steps(job, slot)
+        await self.evaluator.between_steps(job, slots)
         if job.finished:
             return
         step, started = job.version, time.monotonic()
-        computing = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(
-            None, self._compute, job, slot, step
-        )
-        phases.observe("compute", computing)
-        if not await self._confirmed(job, step, slot, result.grads):
-            await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
-            return
-        # The next version's pull goes out with the push: the primary holds it until
-        # the step commits and streams it at once, so no round trip follows the ack.
-        prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
-        pushing, pushed = time.perf_counter(), False
+        results: list[training.StepResult] = []
+        pushes: list[asyncio.Future] = []
+        prefetch: asyncio.Future | None = None
+        pushed = False
         try:
-            pushed = await self._push(job, step, slot, result.grads, result.loss)
+            for slot in slots:
+                result = await self._computed(job, slot, step)
+                if result is None:
+                    await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
+                    return
+                results.append(result)
+                pushes.append(asyncio.ensure_future(
+                    job.client.push(job.job_id, step, slot, step, result.grads, result.loss)
+                ))  # fmt: skip
+            # The next version's pull goes out with the pushes: the primary holds it
+            # until the step commits and streams it at once, so no round trip follows
+            # the ack. Not sooner: it must not load new weights under a computation.
+            prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
+            pushing = time.perf_counter()
+            pushed = await self._pushed(job, slots, pushes)
         finally:
-            if not pushed:  # failed or abandoned: drop the read-only pull
-                await _abandon(prefetch)
+            if not pushed:  # failed or abandoned: drop the pushes and the read-only pull
+                for task in [*pushes, *([prefetch] if prefetch else [])]:
+                    await _abandon(task)
         if not pushed:
             return
         phases.observe("push", pushing)
         acked = time.perf_counter()
         self.faults.after_push(step)
         job.next_version = step + 1
-        seconds = time.monotonic() - started
-        self.stats.record(step, seconds, result.loss, result.grad_norm(), result.examples)
-        if self.on_step is not None:
-            self.on_step(step)
-        logger.debug("step pushed", job=job.job_id, step=step, slot=slot, loss=result.loss)
+        self._record(step, time.monotonic() - started, results)
+        logger.debug("step pushed", job=job.job_id, step=step, slots=list(slots))
         if await self._pull(step + 1, started=prefetch) and job.version == step + 1:
             job.prefetched = True
             phases.observe("pull", acked)  # from the ack until the next weights are loaded
-            await self.evaluator.between_steps(job, slot)  # the final version's, too
+            await self.evaluator.between_steps(job, slots)  # the final version's, too
 
-    async def _push(self, job: JobState, step: int, slot: int, grads, loss: float) -> bool:
-        """Push to the end, unless the job's shard groups moved meanwhile (False).
+    async def _computed(self, job: JobState, slot: int, step: int) -> training.StepResult | None:
+        """One slot's result for ``step``; None when duplicate compute outvoted it."""
+        computing = time.perf_counter()
+        result = await asyncio.get_running_loop().run_in_executor(
+            None, self._compute, job, slot, step
+        )
+        phases.observe("compute", computing)
+        if not await self._confirmed(job, step, slot, result.grads):
+            return None
+        return result
+
+    def _record(self, step: int, seconds: float, results: list[training.StepResult]) -> None:
+        """One row per step, whatever the slots: their mean loss and gradient norm."""
+        n = len(results)
+        loss = sum(r.loss for r in results) / n
+        norm = sum(r.grad_norm() for r in results) / n
+        self.stats.record(step, seconds, loss, norm, sum(r.examples for r in results))
+        if self.on_step is not None:
+            self.on_step(step)
+
+    async def _pushed(
+        self, job: JobState, slots: tuple[int, ...], pushes: list[asyncio.Future]
+    ) -> bool:
+        """Wait for every push to the end, unless meanwhile the job's shard groups moved
+        or the trainer was given a slot more (False: the step starts over).
 
         A push to a group that is gone (every replica lost, then restored
-        elsewhere from a checkpoint) would only retry until its SDK gives up;
-        pushes are keyed by (job, step, slot), so abandoning one is safe: it was
-        applied once or not at all, and the next attempt pulls again."""
-        push = asyncio.ensure_future(job.client.push(job.job_id, step, slot, step, grads, loss))
-        while True:
-            done, _ = await asyncio.wait({push}, timeout=PUSH_CHECK_S)
-            if done:
+        elsewhere from a checkpoint) would only retry until its SDK gives up; a
+        step waiting on a slot this trainer now holds would wait for ever.
+        Pushes are keyed by (job, step, slot), so abandoning one is safe: it was
+        applied once or not at all, and the next attempt pulls again (a slot
+        pushed already is answered as a duplicate)."""
+        pending = set(pushes)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=PUSH_CHECK_S)
+            for push in done:
                 push.result()
-                return True
-            desired = self.desired
-            if (
-                desired is not None
-                and desired.job_id == job.job_id
-                and desired.shard_map.SerializeToString(deterministic=True) != job.shard_map
-            ):
-                push.cancel()
-                with contextlib.suppress(asyncio.CancelledError, RpcError):
-                    await push
-                logger.warning("push abandoned: the shard groups moved", job=job.job_id, step=step)
+            why = self._pushes_moot(job, slots) if pending else None
+            if why is not None:
+                logger.warning(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
                 return False
+        return True
+
+    def _pushes_moot(self, job: JobState, slots: tuple[int, ...]) -> str | None:
+        """Why the pending pushes cannot end well, or None. A slot taken away (the
+        slots spread out, a drain) is pushed to the end all the same."""
+        desired = self.desired
+        if desired is None or desired.job_id != job.job_id:
+            return None
+        if desired.shard_map.SerializeToString(deterministic=True) != job.shard_map:
+            return "the shard groups moved"
+        if not set(slots_of(desired)) <= set(slots):
+            return "given another slot, which the step waits for"
+        return None
 
     async def _confirmed(self, job: JobState, step: int, slot: int, grads) -> bool:
         """Sampled batches wait for the duplicate-compute verdict before they are pushed."""

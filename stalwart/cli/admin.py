@@ -31,12 +31,18 @@ def enum_name(enum_type, value: int, prefix: str) -> str:
         return str(value)
 
 
+def _slots_text(n: coordinator.Node) -> str:
+    if len(n.slots) > 1:  # elastic: one trainer computes several slots
+        return "slots " + ",".join(str(k) for k in n.slots)
+    return f"slot {n.slot}"
+
+
 def node_row(n: coordinator.Node) -> tuple:
     role = enum_name(common.NodeRole, n.role, "NODE_ROLE_")
     if n.role == common.NODE_ROLE_PARAMSERVER:
         work = f"shard {n.shard} {enum_name(common.ReplicaRole, n.replica_role, 'REPLICA_ROLE_')}"
     elif n.job_id:
-        work = f"{n.job_id} " + (f"slot {n.slot}" if n.slot >= 0 else "standby")
+        work = f"{n.job_id} " + (_slots_text(n) if n.slot >= 0 else "standby")
     else:
         work = "standby (idle)" if n.standby else "idle"
     ema = f"{n.step_time_ema_seconds * 1000:.0f} ms" if n.step_time_ema_seconds else ""

@@ -46,7 +46,9 @@ def up(
     shards: int = typer.Option(1, min=1, help="paramserver shard groups"),
     backups: int = typer.Option(1, min=0, help="backups per shard group"),
     store_url: str = typer.Option(
-        "", help="coordination store; default: a fresh shm:///dev/shm/stalwart/<run>"
+        "",
+        help="coordination and checkpoint store; default: a fresh shm:///dev/shm/stalwart/<run>,"
+        " removed by down. file://DIR keeps jobs and checkpoints across down/up (job resume)",
     ),
     runs_root: Path = RUNS_ROOT,
     timeout: float = typer.Option(180.0, min=1, help="longest wait for everything to serve"),

@@ -14,6 +14,7 @@ from stalwart import jobspec
 from stalwart.api import common, coordinator
 from stalwart.cli import export as export_cmd
 from stalwart.cli import metrics as metrics_cmd
+from stalwart.cli import resume as resume_cmd
 from stalwart.cli.admin import JOB_COLUMNS, enum_name, job_row
 from stalwart.cli.output import (
     OUTPUT_OPTION,
@@ -31,6 +32,7 @@ from stalwart.client.coordinator import CoordinatorClient
 app = typer.Typer(help="Submit, inspect, cancel and export training jobs.", no_args_is_help=True)
 app.command("export")(export_cmd.export)
 app.command("metrics")(metrics_cmd.metrics)
+app.command("resume")(resume_cmd.resume)
 
 # The coordinator's defaults (stalwart.jobspec), shown and sent by `job submit`.
 # That module imports no torch, so submitting a job stays fast.

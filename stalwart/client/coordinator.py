@@ -387,12 +387,13 @@ class CoordinatorClient:
         )
 
     async def restore_checkpoint(
-        self, checkpoint_id: str, request_id: str | None = None
+        self, checkpoint_id: str, request_id: str | None = None, timeout_s: float | None = None
     ) -> coordinator.Job:
+        """``timeout_s``: per attempt (a restore loads the checkpoint before it answers)."""
         request = coordinator.RestoreCheckpointRequest(
             checkpoint_id=checkpoint_id, request_id=request_id or uuid.uuid4().hex
         )
-        return (await self._call("RestoreCheckpoint", request)).job
+        return (await self._call("RestoreCheckpoint", request, timeout_s)).job
 
     async def delete_checkpoint(self, checkpoint_id: str) -> int:
         """Delete a checkpoint; returns how many unreferenced chunks were collected."""

@@ -58,3 +58,30 @@ def wait_exit(proc, timeout: float) -> int:
         time.sleep(0.1)
     assert not proc.alive(), f"{proc.name} still running after {timeout}s:\n{proc.log_tail()}"
     return proc.returncode
+
+
+async def coordinated_paramservers(procs) -> tuple[tuple[str, str], list]:
+    """A leading coordinator and a paramserver pair joined to it: (the trainers'
+    ``--coordinator`` flags, [primary, backup])."""
+    from tests.integration.coordinator.support import wait_leader
+
+    coord = procs.coordinator("c1")
+    await wait_leader(coord.address)
+    join = ("--coordinator", coord.address)
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    primary = procs.start(
+        "services.paramserver", "ps-p", "--role", "primary", "--backups", backup.address, *join
+    )
+    return join, [primary, backup]
+
+
+async def wait_trainers(client, names: set[str], timeout: float) -> None:
+    """Until exactly these trainers are registered with the coordinator."""
+    from stalwart.api import common
+    from tests.helpers import assert_eventually_async
+
+    async def registered():
+        nodes = await client.all_nodes(common.NODE_ROLE_TRAINER)
+        assert {n.node_id for n in nodes} == names
+
+    await assert_eventually_async(registered, timeout=timeout)

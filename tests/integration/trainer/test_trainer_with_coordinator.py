@@ -13,10 +13,15 @@ from stalwart import training
 from stalwart.api import common, coordinator, trainer, trainer_grpc
 from stalwart.channel import open_channel
 from stalwart.client import CoordinatorClient
-from tests.helpers import assert_eventually_async
-from tests.integration.coordinator.support import wait_leader
 
-from .support import assert_bitwise_equal, final_weights, small_spec, wait_exit
+from .support import (
+    assert_bitwise_equal,
+    coordinated_paramservers,
+    final_weights,
+    small_spec,
+    wait_exit,
+    wait_trainers,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,24 +42,13 @@ async def test_standby_takes_the_slot_of_a_killed_trainer_bitwise(cluster_procs)
     training.make_deterministic()
     want = await asyncio.to_thread(training.reference_run, spec)
 
-    coord = procs.coordinator("c1")
-    await wait_leader(coord.address)
-    join = ("--coordinator", coord.address)
-    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
-    primary = procs.start(
-        "services.paramserver", "ps-p", "--role", "primary", "--backups", backup.address, *join
-    )
+    join, (primary, backup) = await coordinated_paramservers(procs)
     procs.trainer("tr0", *join)
     doomed = procs.trainer("tr1", *join, faults="crash_at_step=6")
     standby = procs.trainer("sb", *join, "--standby")
 
-    async with CoordinatorClient(coord.address) as client:
-
-        async def trainers_registered():
-            nodes = await client.all_nodes(common.NODE_ROLE_TRAINER)
-            assert {n.node_id for n in nodes} == {"tr0", "tr1", "sb"}
-
-        await assert_eventually_async(trainers_registered, timeout=30)
+    async with CoordinatorClient(join[1]) as client:
+        await wait_trainers(client, {"tr0", "tr1", "sb"}, 30)
         job = await client.create_job(spec, job_id="job-coord")
         done = await wait_job_done(client, job.job_id, 180)
         assert done.state == coordinator.JOB_STATE_SUCCEEDED, done.reason

@@ -39,8 +39,18 @@ DEAD, DRAINING = NodeState.DEAD, NodeState.DRAINING
             [trainer("a", health=0.5), trainer("b", ema=0.2), trainer("c", ema=0.1)],
             [Assign("j", 0, "c", False)],
         ),
-        # too few trainers: fill what we can
-        (("", "", ""), False, (), [trainer("a")], [Assign("j", 0, "a", False)]),
+        # too few trainers: the one there is computes every slot (elastic.py)
+        (
+            ("", "", ""),
+            False,
+            (),
+            [trainer("a")],
+            [
+                Assign("j", 0, "a", False),
+                Assign("j", 1, "a", False, beside=True),
+                Assign("j", 2, "a", False, beside=True),
+            ],
+        ),
         # a dead holder is vacated and its warm standby promoted into the slot
         (
             ("a", "b"),
@@ -105,7 +115,7 @@ def test_standbys_spread_over_jobs_oldest_first():
     assert placement.decide(jobs, nodes) == [AttachStandby("old", "s1"), AttachStandby("new", "s2")]
 
 
-def test_a_trainer_never_holds_two_slots():
+def test_a_trainer_never_holds_slots_of_two_jobs():
     jobs = [job("x", ("",), created=0), job("y", ("",), created=1)]
     assert placement.decide(jobs, [trainer("a")]) == [Assign("x", 0, "a", False)]
 
