@@ -28,7 +28,9 @@ export async function pull(
 ): Promise<Pulled> {
   const client = new ParamServerServiceClient(address, channelCredentials(opts), CHANNEL_OPTIONS);
   try {
-    const full: PullRequest = { sinceVersion: -1, minVersion: 0, chunkSize: 0, ...request };
+    const full: PullRequest = {
+      sinceVersion: -1, minVersion: 0, chunkSize: 0, optimizerState: false, ...request,
+    };
     const stream = client.pull(full, callMetadata(opts), callOptions(opts));
     let header: { version: number; epoch: number; tensors: TensorSpec[] } | undefined;
     let assembler: Assembler | undefined;
