@@ -16,8 +16,9 @@ GRAFANA = DEPLOY / "grafana"
 TYPES = {"counter", "gauge", "histogram"}
 #: Units a name may end in (Prometheus base units; "versions" counts versions).
 UNITS = ("_seconds", "_bytes", "_ratio", "_celsius", "_versions")
-#: Gauges whose value has no unit: scores, identities, flags, counts of things.
-UNITLESS_GAUGE = re.compile(r"_(score|version|epoch|loss|nodes)$|_is_\w+$|^up$")
+#: Gauges whose value has no unit: scores, identities (a version, a step), flags, counts of
+#: things, and a user metric's own value (its unit is the metric's).
+UNITLESS_GAUGE = re.compile(r"_(score|version|step|epoch|loss|value|nodes)$|_is_\w+$|^up$")
 NOT_BASE_UNITS = re.compile(
     r"_(milliseconds|ms|us|minutes|hours|kb|mb|gb|kib|mib|gib|percent)(_|$)"
 )

@@ -113,7 +113,8 @@ def test_every_dashboard_series_is_exported_by_its_service(cluster):
     job = asyncio.run(run_job(coord.address, steps))
     assert job.state == coordinator.JOB_STATE_SUCCEEDED, job.reason
 
-    procs = {"coordinator": [coord], "paramserver": [primary, backup], "trainer": [trainer]}
+    procs = {"coordinator": [coord], "paramserver": [primary, backup], "trainer": [trainer],
+             "paramserver-primary": [primary]}  # fmt: skip
     for proc in (coord, primary, backup, trainer):
         probe(proc.address)  # one RPC each, so the gRPC server series have a sample
     problems = []
@@ -163,7 +164,8 @@ async def run_job(address: str, steps: int) -> coordinator.Job:
         while len(await client.all_nodes(common.NODE_ROLE_PARAMSERVER)) < 2:
             assert time.monotonic() < deadline, "paramservers did not register"
             await asyncio.sleep(0.2)
-        spec = job_spec(num_slots=1, steps=steps, checkpoint_interval=4)
+        # an evaluation at version 4, recorded before step 5 can start: a job series
+        spec = job_spec(num_slots=1, steps=steps, checkpoint_interval=4, eval_every=4)
         job = await client.create_job(spec, job_id="dash-job")
         while time.monotonic() < deadline + 90:
             job = await client.get_job(job.job_id)
