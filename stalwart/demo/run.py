@@ -81,14 +81,16 @@ def heat_steps(config: DemoConfig) -> tuple[int, int] | None:
 
 def cluster_config(config: DemoConfig) -> cluster.ClusterConfig:
     heat = heat_steps(config)
-    faults = {HEATED: ("--faults", f"heat_from_step={heat[0]},crash_at_step={heat[1]}")}
+    faults = {}
+    if heat is not None:  # a run too short to heat anybody heats nobody
+        faults = {HEATED: ("--faults", f"heat_from_step={heat[0]},crash_at_step={heat[1]}")}
     # The heated trainer's slot goes to a standby of its own, so the trainer kill at 25%
     # still finds one, as it does without the health service.
     return cluster.ClusterConfig(
         trainers=config.trainers, standbys=config.standbys + (1 if heat else 0),
         runs_root=config.runs_root,
         start_timeout_s=config.start_timeout_s, health=config.health,
-        member_args=faults if heat else {},
+        member_args=faults,
     )  # fmt: skip
 
 

@@ -81,3 +81,12 @@ def test_bad_options_exit_2_before_anything_starts(tmp_path, captured, args, mes
 def test_goal_per_model(model, metrics, want):
     got = report.goal(model, metrics)
     assert (got["goal"], got["goal_met"]) == want
+
+
+@pytest.mark.parametrize("steps, heated", [(40, False), (400, True)])
+def test_only_a_run_long_enough_heats_a_trainer(tmp_path, steps, heated):
+    config = demo_run.DemoConfig(model="char-lm", steps=steps, trainers=2, standbys=1,
+                                 seed=0, model_args={}, reference=False, runs_root=tmp_path)  # fmt: skip
+    cluster_config = demo_run.cluster_config(config)
+    assert (demo_run.HEATED in cluster_config.member_args) is heated
+    assert cluster_config.standbys == 1 + heated  # the heated trainer's own stand-in
