@@ -127,6 +127,7 @@ class Member:
     shard: int = -1  # paramservers: their group
     started_as: str = ""  # paramservers: primary | backup; trainers: slot | standby
     local_index: int = -1  # trainers: position among this machine's trainers (GPU choice)
+    start_ticks: int = 0  # the process's start time (/proc stat), to know it after a pid reuse
 
 
 @dataclass
@@ -258,7 +259,8 @@ class LocalCluster:
                              netns=host.netns if host else None)  # fmt: skip
         self.procs[spec.name] = proc
         member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
-                        spec.shard, spec.started_as, spec.local_index)  # fmt: skip
+                        spec.shard, spec.started_as, spec.local_index,
+                        _start_ticks(proc.pid) or 0)  # fmt: skip
         self.members.append(member)
         return member
 
@@ -527,15 +529,30 @@ def stop_members(members: Sequence[Member], timeout_s: float) -> None:
 
 
 def _is_ours(member: Member) -> bool:
-    """Alive and still the process we started (a pid can be reused after it exits)."""
+    """Alive and still the process we started (a pid can be reused after it exits).
+
+    Known by its start time; a service forked from the preloading server
+    (stalwart.procs) keeps that server's command line, so the command line only
+    decides for state files written before start times were recorded."""
     try:
         cmdline = Path(f"/proc/{member.pid}/cmdline").read_bytes().split(b"\0")
         stat = Path(f"/proc/{member.pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # a zombie has exited
+    fields = stat.rsplit(")", 1)[-1].split()
+    if fields[0] == "Z":  # a zombie has exited
         return False
+    if member.start_ticks:
+        return int(fields[19]) == member.start_ticks
     return member.name.encode() in cmdline and MODULES[member.role].encode() in cmdline
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks after boot."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+        return None
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
