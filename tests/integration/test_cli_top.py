@@ -30,7 +30,7 @@ def cluster(run_dir: Path, shm_url: str) -> Iterator[Cluster]:  # noqa: F811
     try:
         yield c
     finally:
-        c.stop()
+        c.stop_all()
 
 
 def top(*args: str) -> subprocess.CompletedProcess:
