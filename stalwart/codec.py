@@ -171,14 +171,47 @@ def chunk_message(index: int, offset: int, data: bytes | memoryview, crc: int) -
 
 
 def encode_chunk_messages(
-    tensors: Sequence[torch.Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    tensors: Sequence[torch.Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES, packed: bool = False
 ) -> Iterator[bytes]:
-    """The same chunks as :func:`encode_chunks`, as serialized stream messages."""
+    """The same chunks as :func:`encode_chunks`, as serialized stream messages.
+
+    ``packed``: chunks of ``chunk_bytes`` cut from the tensors' bytes laid end
+    to end, so a model of many small tensors travels in a few messages (each
+    stream message costs both ends a trip through gRPC's core); see
+    ``PushHeader.packed``."""
+    if packed:
+        yield from _packed_chunk_messages(tensors, chunk_bytes)
+        return
     for index, tensor in enumerate(tensors):
         view = byte_view(tensor)
         for offset in range(0, len(view), chunk_bytes):
             piece = view[offset : offset + chunk_bytes]
             yield chunk_message(index, offset, piece, crc32c(piece))
+
+
+def _packed_chunk_messages(tensors: Sequence[torch.Tensor], chunk_bytes: int) -> Iterator[bytes]:
+    pieces: list[memoryview] = []
+    first = (0, 0)  # (tensor_index, offset) of the pending chunk's first byte
+    size = 0
+    for index, tensor in enumerate(tensors):
+        view = byte_view(tensor)
+        offset = 0
+        while offset < len(view):
+            if not pieces:
+                first = (index, offset)
+            take = min(chunk_bytes - size, len(view) - offset)
+            pieces.append(view[offset : offset + take])
+            size, offset = size + take, offset + take
+            if size == chunk_bytes:
+                yield _joined_chunk(first, pieces)
+                pieces, size = [], 0
+    if pieces:
+        yield _joined_chunk(first, pieces)
+
+
+def _joined_chunk(first: tuple[int, int], pieces: list[memoryview]) -> bytes:
+    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)  # one copy either way
+    return chunk_message(first[0], first[1], data, crc32c(data))
 
 
 def passthrough(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
@@ -229,12 +262,19 @@ class ChunkAssembler:
     """Rebuilds tensors from a stream of chunks, checking order, size and CRC.
 
     Chunks must come tensor by tensor, each tensor's bytes contiguous from
-    offset 0, as :func:`encode_chunks` sends them. Call :meth:`finish` at the
-    end of the stream: it refuses a truncated stream.
+    offset 0, as :func:`encode_chunks` sends them; with ``packed`` a chunk may
+    run on into the following tensors (``PushHeader.packed``). Call
+    :meth:`finish` at the end of the stream: it refuses a truncated stream.
     """
 
-    def __init__(self, specs: Sequence[common.TensorSpec], limits: Limits = DEFAULT_LIMITS):
+    def __init__(
+        self,
+        specs: Sequence[common.TensorSpec],
+        limits: Limits = DEFAULT_LIMITS,
+        packed: bool = False,
+    ):
         self.specs = validate_specs(specs, limits)
+        self.packed = packed
         self._limits = limits
         self._tensors = [torch.empty(tuple(s.shape), dtype=DTYPES[s.dtype]) for s in self.specs]
         self._views = [_writable_bytes(t) for t in self._tensors]
@@ -244,7 +284,8 @@ class ChunkAssembler:
         self._crc = 0  # running CRC32C over every chunk's bytes, for dedupe keys
 
     def add(self, chunk: common.TensorChunk) -> memoryview:
-        """Check and place one chunk; returns the tensor memory it now fills."""
+        """Check and place one chunk; returns its bytes (for a chunk inside one
+        tensor, the tensor memory it now fills)."""
         self._chunks += 1
         if self._chunks > self._limits.max_chunks:
             raise StalwartError(ErrorKind.LIMIT_EXCEEDED, f"over {self._limits.max_chunks} chunks")
@@ -269,17 +310,38 @@ class ChunkAssembler:
             )
         view = self._views[self._index]
         end = self._offset + len(data)
-        if end > len(view):
+        if end <= len(view):
+            placed = view[self._offset : end]
+            placed[:] = data
+            self._offset = end
+        elif self.packed:
+            placed = memoryview(data)
+            self._place_across(placed)
+        else:
             raise StalwartError(
                 ErrorKind.BAD_SHAPE,
                 f"tensor {self.specs[self._index].name} got {end} bytes, "
                 f"its shape holds {len(view)}",
             )
-        placed = view[self._offset : end]
-        placed[:] = data
-        self._offset = end
         self._crc = crc32c_combine(self._crc, chunk.crc32c, len(data))
         return placed
+
+    def _place_across(self, data: memoryview) -> None:
+        """A packed chunk that runs on past the end of the current tensor."""
+        done = 0
+        while done < len(data):
+            self._skip_finished()
+            if self._index == len(self._views):
+                raise StalwartError(
+                    ErrorKind.BAD_SHAPE,
+                    f"packed stream carries {len(data) - done} bytes more than its "
+                    f"{len(self._views)} tensors hold",
+                )
+            view = self._views[self._index]
+            take = min(len(view) - self._offset, len(data) - done)
+            view[self._offset : self._offset + take] = data[done : done + take]
+            self._offset += take
+            done += take
 
     def _skip_finished(self) -> None:
         while self._index < len(self._views) and self._offset == len(self._views[self._index]):

@@ -67,10 +67,12 @@ async def _first(request_iterator, field_name: str):
     return first.header
 
 
-async def _read_tensors(request_iterator, specs, limits, on_chunk=None) -> codec.ChunkAssembler:
+async def _read_tensors(
+    request_iterator, specs, limits, on_chunk=None, packed: bool = False
+) -> codec.ChunkAssembler:
     """Assemble the chunks; ``on_chunk(chunk, placed)`` sees each one once it checked
-    out, ``placed`` being the tensor memory it was copied into."""
-    assembler = codec.ChunkAssembler(specs, limits)
+    out, ``placed`` being its bytes (see ``ChunkAssembler.add``)."""
+    assembler = codec.ChunkAssembler(specs, limits, packed)
     async for message in request_iterator:
         if message.WhichOneof("part") != "chunk":
             raise StalwartError(ErrorKind.BAD_STREAM, "only chunks may follow the header")
@@ -206,7 +208,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 )
                 await self.replicator.forward_chunk(forwards, message)
 
-            assembler = await _read_tensors(request_iterator, header.tensors, self.limits, forward)
+            assembler = await _read_tensors(
+                request_iterator, header.tensors, self.limits, forward, header.packed
+            )
             grads = assembler.finish()
             await _off_loop(check_finite, grads)
         except BaseException:
@@ -334,9 +338,13 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     f"version {request.min_version} not reached (at {job.model.version})",
                 ) from None
             if request.optimizer_state:
-                header, chunks = await self._encode(job, job.model.state_tensors(), chunk_bytes)
+                header, chunks = await self._encode(
+                    job, job.model.state_tensors(), chunk_bytes, request.packed
+                )
             else:
-                header, chunks = await self._snapshot(job, request.since_version, chunk_bytes)
+                header, chunks = await self._snapshot(
+                    job, request.since_version, chunk_bytes, request.packed
+                )
         yield paramserver.PullResponse(header=header)
         for chunk in chunks:
             yield chunk  # a serialized PullResponse (see add_to_server)
@@ -351,26 +359,29 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             and len(self.replicator.synced(job.model.job_id)) >= self.replicator.required()
         )
 
-    async def _snapshot(self, job: JobRuntime, since: int, chunk_bytes: int):
+    async def _snapshot(self, job: JobRuntime, since: int, chunk_bytes: int, packed: bool):
         """Serialized chunk messages of the changed tensors at the current version, cached."""
         names = tuple(job.model.changed_since(since))
-        key = (job.model.version, names, chunk_bytes)
+        key = (job.model.version, names, chunk_bytes, packed)
         if job.pull_cache is not None and job.pull_cache[0] == key:
             return job.pull_cache[1], job.pull_cache[2]
         header, chunks = await self._encode(
-            job, {n: job.model.params[n] for n in names}, chunk_bytes
+            job, {n: job.model.params[n] for n in names}, chunk_bytes, packed
         )
         job.pull_cache = (key, header, chunks)
         return header, chunks
 
-    async def _encode(self, job: JobRuntime, tensors: dict, chunk_bytes: int):
+    async def _encode(self, job: JobRuntime, tensors: dict, chunk_bytes: int, packed: bool):
         """Header and serialized chunk messages of ``tensors`` at the current version."""
         values = list(tensors.values())
-        chunks = await _off_loop(lambda: list(codec.encode_chunk_messages(values, chunk_bytes)))
+        chunks = await _off_loop(
+            lambda: list(codec.encode_chunk_messages(values, chunk_bytes, packed))
+        )
         header = paramserver.PullHeader(
             version=job.model.version,
             tensors=[codec.spec_of(n, t) for n, t in tensors.items()],
             epoch=self.replica.epoch,
+            packed=packed,
         )
         return header, chunks
 
@@ -509,7 +520,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self._from_primary(header.epoch)
         push = header.push
         job = self._job(push.job_id)
-        assembler = await _read_tensors(request_iterator, push.tensors, self.limits)
+        assembler = await _read_tensors(
+            request_iterator, push.tensors, self.limits, None, push.packed
+        )
         grads = assembler.finish()
         async with job.lock:
             job.model.stage(push.step, push.slot, assembler.payload_crc32c, grads)

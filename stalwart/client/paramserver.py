@@ -178,13 +178,14 @@ class ShardGroupClient:
                 epoch=self.epoch,
                 tensors=specs,
                 loss=loss,
+                packed=True,
             )
 
             def messages():
                 # Encoded lazily so encoding overlaps sending; a retry encodes
                 # again and yields the very same bytes and CRCs.
                 yield paramserver.PushRequest(header=head)
-                yield from codec.encode_chunk_messages(tensors, self.chunk_bytes)
+                yield from codec.encode_chunk_messages(tensors, self.chunk_bytes, packed=True)
 
             resp = await self.stub(address).Push(messages(), timeout=self.call_timeout_s)
             return PushResult(resp.version, resp.duplicate)
@@ -208,6 +209,7 @@ class ShardGroupClient:
                 epoch=self.epoch,
                 chunk_size=self.chunk_bytes,
                 optimizer_state=optimizer_state,
+                packed=True,
             )
             stream = self.stub(address).Pull(request, timeout=self.call_timeout_s)
             header = None
@@ -215,7 +217,7 @@ class ShardGroupClient:
             async for message in stream:
                 if message.WhichOneof("part") == "header":
                     header = message.header
-                    assembler = codec.ChunkAssembler(header.tensors)
+                    assembler = codec.ChunkAssembler(header.tensors, packed=header.packed)
                 elif assembler is None:
                     raise RpcError(grpc.StatusCode.INTERNAL, "pull stream began without a header")
                 else:

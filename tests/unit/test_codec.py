@@ -67,9 +67,11 @@ def chunks_of(tensors: list[torch.Tensor], chunk_bytes: int) -> list[common.Tens
     return list(codec.encode_chunks(tensors, chunk_bytes))
 
 
-def assembler_for(*tensors: torch.Tensor, limits=codec.DEFAULT_LIMITS) -> codec.ChunkAssembler:
+def assembler_for(
+    *tensors: torch.Tensor, limits=codec.DEFAULT_LIMITS, packed: bool = False
+) -> codec.ChunkAssembler:
     specs = [codec.spec_of(f"t{i}", t) for i, t in enumerate(tensors)]
-    return codec.ChunkAssembler(specs, limits)
+    return codec.ChunkAssembler(specs, limits, packed)
 
 
 @contextlib.contextmanager
@@ -609,3 +611,84 @@ def test_wire_itemsizes_match_torch():
         assert wiredtypes.element_size(wire) == torch.empty(0, dtype=dtype).element_size()
     with raises_kind(ErrorKind.BAD_DTYPE):
         wiredtypes.element_size(max(codec.DTYPES) + 100)
+
+
+# --- packed streams: chunks that run on from one tensor into the next --------------
+
+
+def packed_round_trip(tensors: list[torch.Tensor], chunk_bytes: int):
+    from stalwart.api import paramserver
+
+    messages = list(codec.encode_chunk_messages(tensors, chunk_bytes, packed=True))
+    chunks = [paramserver.PushRequest.FromString(m).chunk for m in messages]
+    asm = assembler_for(*tensors, packed=True)
+    placed = [bytes(asm.add(c)) for c in chunks]
+    assert placed == [c.data for c in chunks]
+    return asm.finish(), asm, chunks
+
+
+MIXED = [
+    sample(torch.float32, (3, 7)),
+    torch.zeros(0),
+    sample(torch.int64, (5,), seed=1),
+    sample(torch.float16, (9,), seed=2),
+    sample(torch.bool, (3,), seed=3),
+]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 64, 150, 1 << 20])
+def test_packed_round_trip_is_bitwise_with_the_same_payload_crc(chunk_bytes):
+    got, asm, chunks = packed_round_trip(MIXED, chunk_bytes)
+    for i, want in enumerate(MIXED):
+        assert_bitwise(got[f"t{i}"], want)
+    total = sum(len(codec.byte_view(t)) for t in MIXED)
+    assert len(chunks) == -(-total // chunk_bytes)  # every chunk full but the last
+    unpacked = assembler_for(*MIXED)
+    for c in chunks_of(MIXED, chunk_bytes):
+        unpacked.add(c)
+    assert asm.payload_crc32c == unpacked.payload_crc32c
+
+
+def test_packed_chunks_name_the_position_of_their_first_byte():
+    a, b, c = torch.zeros(3, dtype=torch.int8), torch.zeros(0), torch.ones(4, dtype=torch.int8)
+    _, _, chunks = packed_round_trip([a, b, c], 5)
+    assert [(ch.tensor_index, ch.offset, len(ch.data)) for ch in chunks] == [(0, 0, 5), (2, 2, 2)]
+
+
+def test_a_small_model_travels_in_one_packed_chunk():
+    tensors = [
+        sample(torch.float32, (16, 8)),
+        sample(torch.float32, (16,)),
+        sample(torch.float32, (8,)),
+    ]
+    _, _, chunks = packed_round_trip(tensors, codec.DEFAULT_CHUNK_BYTES)
+    assert len(chunks) == 1
+
+
+def test_a_chunk_that_runs_on_is_refused_unless_the_stream_is_packed():
+    a, b = torch.zeros(2, dtype=torch.int8), torch.zeros(2, dtype=torch.int8)
+    with raises_kind(ErrorKind.BAD_SHAPE):
+        assembler_for(a, b).add(raw_chunk(0, 0, bytes(4)))
+    asm = assembler_for(a, b, packed=True)
+    asm.add(raw_chunk(0, 0, bytes([1, 2, 3, 4])))
+    got = asm.finish()
+    assert got["t0"].tolist() == [1, 2] and got["t1"].tolist() == [3, 4]
+
+
+def test_a_packed_stream_carrying_more_bytes_than_its_tensors_hold():
+    a, b = torch.zeros(2, dtype=torch.int8), torch.zeros(2, dtype=torch.int8)
+    with raises_kind(ErrorKind.BAD_SHAPE) as info:
+        assembler_for(a, b, packed=True).add(raw_chunk(0, 0, bytes(5)))
+    assert "1 bytes more" in info.value.message
+
+
+def test_packed_chunks_out_of_order_or_truncated():
+    a, b = torch.zeros(2, dtype=torch.int8), torch.zeros(3, dtype=torch.int8)
+    asm = assembler_for(a, b, packed=True)
+    asm.add(raw_chunk(0, 0, bytes(3)))  # ends one byte into b
+    with raises_kind(ErrorKind.BAD_STREAM):
+        asm.add(raw_chunk(1, 0, bytes(2)))  # b's offset 1 was expected
+    asm = assembler_for(a, b, packed=True)
+    asm.add(raw_chunk(0, 0, bytes(3)))
+    with raises_kind(ErrorKind.TRUNCATED_STREAM):
+        asm.finish()

@@ -29,7 +29,7 @@ export async function pull(
   const client = new ParamServerServiceClient(address, channelCredentials(opts), CHANNEL_OPTIONS);
   try {
     const full: PullRequest = {
-      sinceVersion: -1, minVersion: 0, chunkSize: 0, optimizerState: false, ...request,
+      sinceVersion: -1, minVersion: 0, chunkSize: 0, optimizerState: false, packed: false, ...request,
     };
     const stream = client.pull(full, callMetadata(opts), callOptions(opts));
     let header: { version: number; epoch: number; tensors: TensorSpec[] } | undefined;

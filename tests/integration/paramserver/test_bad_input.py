@@ -104,6 +104,15 @@ def _truncated(job: Job):
     return push_raw(job.stub, messages[:3])  # the header and 2 of w's 3 chunks
 
 
+def _one_chunk_for_all(job: Job, packed: bool, extra: int = 0):
+    """The whole gradient (w then b) in a single chunk, plus ``extra`` stray bytes."""
+    messages = _push(job)
+    messages[0].header.packed = packed
+    data = b"".join(bytes(codec.byte_view(t)) for t in good(2.0).values()) + bytes(extra)
+    chunk = common.TensorChunk(tensor_index=0, offset=0, data=data, crc32c=codec.crc32c(data))
+    return push_raw(job.stub, [messages[0], paramserver.PushRequest(chunk=chunk)])
+
+
 def _oversize_message(job: Job):
     messages = _push(job)
     data = bytes(MAX_MESSAGE_BYTES + 1024)  # one chunk message over the server's limit
@@ -160,6 +169,12 @@ CASES = {
         Code.INVALID_ARGUMENT,
         "NON_FINITE",
         lambda j: push_raw(j.stub, _push(j, {"w": torch.full((3, 4), -float("inf"))})),
+    ),
+    "chunk-runs-on-unpacked": Case(
+        Code.INVALID_ARGUMENT, "BAD_SHAPE", lambda j: _one_chunk_for_all(j, packed=False)
+    ),
+    "packed-overrun": Case(
+        Code.INVALID_ARGUMENT, "BAD_SHAPE", lambda j: _one_chunk_for_all(j, True, extra=4)
     ),
     "bad-crc": Case(Code.DATA_LOSS, "CHECKSUM_MISMATCH", _bad_crc),
     "truncated-stream": Case(Code.INVALID_ARGUMENT, "TRUNCATED_STREAM", _truncated),
