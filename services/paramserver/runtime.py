@@ -21,6 +21,7 @@ from services.paramserver.replica import Check, ReplicaState
 from services.paramserver.replicator import Fenced, Replicator
 from stalwart import codec
 from stalwart.errors import ErrorKind, StalwartError
+from stalwart.offload import off_loop
 
 log = structlog.get_logger(__name__)
 
@@ -41,8 +42,6 @@ CHECK_ERRORS = {
 }
 
 
-async def off_loop(fn, *args):
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 @dataclass

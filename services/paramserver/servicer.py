@@ -20,10 +20,11 @@ from services.paramserver.job import Entry, JobModel, check_finite, combined_fin
 from services.paramserver.replica import Check, ReplicaState, Role
 from services.paramserver.replicator import Fenced, Replicator
 from services.paramserver.runtime import JobHost, JobRuntime
-from services.paramserver.runtime import off_loop as _off_loop
 from stalwart import codec
 from stalwart.api import common, paramserver, paramserver_grpc
 from stalwart.errors import ErrorKind, StalwartError
+from stalwart.offload import off_loop as _off_loop
+from stalwart.offload import tensor_bytes
 from stalwart.server import rpc_handler
 
 log = structlog.get_logger(__name__)
@@ -212,7 +213,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 request_iterator, header.tensors, self.limits, forward, header.packed
             )
             grads = assembler.finish()
-            await _off_loop(check_finite, grads)
+            await _off_loop(check_finite, grads, nbytes=tensor_bytes(grads.values()))
         except BaseException:
             self.replicator.cancel_forwards(forwards)
             raise
@@ -552,7 +553,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     ErrorKind.REPLICA_BEHIND,
                     f"backup at version {job.model.version} lacks what version {request.new_version} needs",
                 )
-            version = await _off_loop(job.model.apply, entries)
+            nbytes = tensor_bytes(job.model.params.values())  # backups overlap nothing with it
+            version = await _off_loop(job.model.apply, entries, nbytes=nbytes)
             await self.host.applied(job)
             job.committed.notify_all()
         return paramserver.ReplicateCommitResponse(version=version)

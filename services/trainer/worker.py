@@ -33,6 +33,7 @@ from stalwart.api import coordinator
 from stalwart.client.paramserver import ParamServerClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
 from stalwart.models import Task, resolve
+from stalwart.offload import off_loop, tensor_bytes
 
 logger = structlog.get_logger(__name__)
 
@@ -277,8 +278,8 @@ class Worker:
                 break
             min_version = max(versions)  # a commit landed on some groups only: catch up
         pulled = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(
-            None, training.load_params, job.model, tensors
+        await off_loop(
+            training.load_params, job.model, tensors, nbytes=tensor_bytes(tensors.values())
         )
         if timed and self.current is not None and not self.current.standby:  # step timeline
             phases.observe("pull", started)
