@@ -94,7 +94,7 @@ def restore_target(group: Sequence[ReplicaView], recorded_epoch: int = 0) -> Res
     live = [r for r in group if r.alive and r.role in _POLLED]
     if not live:
         return None
-    chosen = live_primary(group) or max(live, key=lambda r: (r.epoch, r.node_id))
+    chosen = live_primary(group, recorded_epoch) or max(live, key=lambda r: (r.epoch, r.node_id))
     epoch = max([recorded_epoch, *(r.epoch for r in group)]) + 1
     backups = tuple(sorted(r.address for r in live if r.node_id != chosen.node_id))
     return RestoreTarget(chosen.node_id, chosen.address, epoch, backups)
