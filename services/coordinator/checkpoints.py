@@ -326,12 +326,8 @@ class Checkpoints:
     # --- replica fingerprints (decisions in replicacheck.py) --------------------------
 
     def _voters(self, job_id: str, shard: int) -> dict[str, str]:
-        """node id -> address of the group's live replicas holding the job."""
-        return {
-            r.node_id: r.address
-            for r in self.group_of(shard)
-            if r.alive and r.role in ("primary", "backup") and job_id in r.versions
-        }
+        primary_id = self.c.groups.get(shard, ("", 0))[0]
+        return replicacheck.voters(self.group_of(shard), primary_id, job_id)
 
     async def _fingerprint(self, address: str, job_id: str, at: int) -> int:
         request = paramserver.GetFingerprintRequest(job_id=job_id, at_version=at)
