@@ -68,10 +68,8 @@ java_major() {
 }
 
 ensure_tools() {
-  if ! command -v java >/dev/null || ! command -v javac >/dev/null || ! command -v mvn >/dev/null; then
-    apt_install openjdk-17-jdk-headless maven || true
-  fi
-  command -v java >/dev/null || die "java is not installed and cannot be installed here (needs root and apt-get)" 3
+  need_command java openjdk-17-jdk-headless maven  # both in one apt run on a bare machine
+  need_command javac openjdk-17-jdk-headless
   local major
   major=$(java_major)
   [[ ${major:-0} -ge 11 ]] || die "Ignite 2.x needs Java 11 or newer; found ${major:-none}" 3
@@ -85,7 +83,7 @@ built() {
 build() {
   built && return 0
   ensure_tools
-  command -v mvn >/dev/null || die "mvn is not installed and cannot be installed here (needs root and apt-get)" 3
+  need_command mvn maven
   log "building the Ignite launcher (mvn package dependency:copy-dependencies)"
   mvn -q -B -Dstyle.color=never -f "$PROJECT/pom.xml" package dependency:copy-dependencies >&2 ||
     die "maven build of deploy/ignite failed" 3
@@ -108,10 +106,8 @@ start_node() { # DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT PEERS
   local dir=$1
   mkdir -p "$dir/work"
   node_command "$@"
-  # setsid: the node gets its own session, so a Ctrl-C in the caller's terminal
-  # does not reach it; stop() ends it by pid.
-  setsid "${NODE_CMD[@]}" </dev/null >"$dir/ignite.log" 2>&1 &
-  echo $! >"$dir/ignite.pid"
+  : >"$dir/ignite.log"  # readiness is read from this log: no line of an earlier try
+  spawn "$dir/ignite.pid" "$dir/ignite.log" "${NODE_CMD[@]}"
 }
 
 # One node in the foreground on fixed ports, its log on stdout: a container's process.
@@ -121,62 +117,57 @@ run_node() { # DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT
   exec "${NODE_CMD[@]}"
 }
 
+# try_start DIR PORT...: one node per three ports (client, discovery, communication),
+# each told every discovery port; prints the URL once every node is ready.
+try_start() {
+  local dir=$1 ports=("${@:2}") nodes=$((($# - 1) / 3)) peers="" url="" i t0 up=0 deadline
+  for ((i = 0; i < nodes; i++)); do
+    peers+="${peers:+,}127.0.0.1:${ports[3 * i + 1]}"
+    url+="${url:+,}127.0.0.1:${ports[3 * i]}"
+  done
+  t0=$(date +%s.%N)
+  for ((i = 0; i < nodes; i++)); do
+    start_node "$dir/node$i" "${ports[3 * i]}" "${ports[3 * i + 1]}" "${ports[3 * i + 2]}" "$peers"
+  done
+  deadline=$((SECONDS + START_TIMEOUT))
+  while ((up < nodes && SECONDS < deadline)); do
+    up=0
+    for ((i = 0; i < nodes; i++)); do
+      alive "$dir/node$i/ignite.pid" || break 2
+      # Ready = Ignition.start returned (the launcher says so) and the port answers.
+      grep -q "stalwart-ignite-node ready" "$dir/node$i/ignite.log" 2>/dev/null &&
+        port_open 127.0.0.1 "${ports[3 * i]}" && up=$((up + 1))
+    done
+    ((up == nodes)) || sleep 0.2
+  done
+  if ((up < nodes)); then
+    log "ignite did not come up; log tail of node0:"
+    tail -n 20 "$dir/node0/ignite.log" >&2 || true
+    return 1
+  fi
+  log "$nodes node(s) up in $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")s"
+  local copies=$((nodes < 2 ? 1 : 2))
+  echo "ignite://$url?budget_mb=$((REGION_MB * nodes * 7 / (10 * copies)))" | tee "$dir/url"
+}
+
 start() {
-  local dir=$1 nodes=${2:-1} attempt
+  local dir nodes=${2:-1}
   [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "node count must be a positive integer" 2
-  mkdir -p "$dir"
-  dir=$(cd "$dir" && pwd)
-  if [[ -s $dir/url ]] && alive "$dir/node0/ignite.pid"; then
+  dir=$(server_dir "$1")
+  if still_running "$dir/node0/ignite.pid" "$dir/url"; then
     cat "$dir/url"
     return 0
   fi
   build
-  for attempt in 1 2; do
-    local -a ports
-    mapfile -t ports < <(free_ports $((3 * nodes)))
-    local peers="" url="" i t0 deadline
-    for ((i = 0; i < nodes; i++)); do
-      peers+="${peers:+,}127.0.0.1:${ports[3 * i + 1]}"
-      url+="${url:+,}127.0.0.1:${ports[3 * i]}"
-    done
-    t0=$(date +%s.%N)
-    for ((i = 0; i < nodes; i++)); do
-      start_node "$dir/node$i" "${ports[3 * i]}" "${ports[3 * i + 1]}" "${ports[3 * i + 2]}" "$peers"
-    done
-    deadline=$((SECONDS + START_TIMEOUT))
-    local up=0
-    while ((SECONDS < deadline)); do
-      up=0
-      for ((i = 0; i < nodes; i++)); do
-        alive "$dir/node$i/ignite.pid" || break 2
-        # Ready = Ignition.start returned (the launcher says so) and the port answers.
-        grep -q "stalwart-ignite-node ready" "$dir/node$i/ignite.log" 2>/dev/null &&
-          port_open 127.0.0.1 "${ports[3 * i]}" && up=$((up + 1))
-      done
-      ((up == nodes)) && break
-      sleep 0.2
-    done
-    if ((up == nodes)); then
-      log "$nodes node(s) up in $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")s"
-      local copies=$((nodes < 2 ? 1 : 2))
-      echo "ignite://$url?budget_mb=$((REGION_MB * nodes * 7 / (10 * copies)))" | tee "$dir/url"
-      watch_owner "$ROOT/scripts/backends/ignite.sh" "$dir"
-      return 0
-    fi
-    log "ignite did not come up (attempt $attempt); log tail of node0:"
-    tail -n 20 "$dir/node0/ignite.log" >&2 || true
-    stop "$dir"
-  done
-  die "could not start Ignite"
+  start_on_free_ports Ignite 2 $((3 * nodes)) try_start stop_nodes "$dir"
 }
 
-stop() {
-  local dir=$1 pidfile
-  unwatch "$dir"
-  for pidfile in "$dir"/node*/ignite.pid; do
+stop_nodes() {
+  local pidfile
+  for pidfile in "$1"/node*/ignite.pid; do
     [[ -e $pidfile ]] && stop_pid "$pidfile" 20
   done
-  rm -f "$dir/url"
+  rm -f "$1/url"
 }
 
 cmd=${1:-}
@@ -185,7 +176,7 @@ case "$cmd" in
   build) build ;;
   start) [[ $# -ge 2 && $# -le 3 ]] || die "usage: $0 start DIR [NODES]" 2; start "$2" "${3:-1}" ;;
   run) [[ $# -eq 5 ]] || die "usage: $0 run DIR CLIENT_PORT DISCOVERY_PORT COMM_PORT" 2; run_node "$2" "$3" "$4" "$5" ;;
-  stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR" 2; stop "$2" ;;
+  stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR" 2; unwatch "$2"; stop_nodes "$2" ;;
   url) [[ $# -eq 2 ]] || die "usage: $0 url DIR" 2; alive "$2/node0/ignite.pid" && cat "$2/url" ;;
   *) die "usage: $0 install | build | start DIR [NODES] | run DIR PORTS... | stop DIR | url DIR" 2 ;;
 esac

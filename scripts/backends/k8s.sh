@@ -29,11 +29,9 @@ apiserver_binary() {
 }
 
 ensure_tools() {
-  command -v openssl >/dev/null || die "openssl is not installed" 3
-  command -v kubectl >/dev/null || die "kubectl is not installed" 3
-  command -v etcd >/dev/null || apt_install etcd-server || true
-  command -v etcd >/dev/null ||
-    die "etcd is not installed and cannot be installed here (needs root and apt-get: etcd-server)" 3
+  need_command openssl
+  need_command kubectl
+  need_command etcd etcd-server
 }
 
 # pki DIR: a CA, a serving certificate for 127.0.0.1, an admin client certificate in
@@ -62,14 +60,6 @@ cert() {  # cert DIR NAME SUBJECT EXTENSION
   fi
 }
 
-# spawn PIDFILE LOG CMD...: run CMD in its own session, detached, recording its pid.
-spawn() {
-  local pidfile=$1 logfile=$2
-  shift 2
-  setsid "$@" </dev/null >>"$logfile" 2>&1 &
-  echo $! >"$pidfile"
-}
-
 start_etcd() {
   local dir=$1 client=$2 peer=$3
   rm -rf "$dir/etcd-data"
@@ -79,16 +69,12 @@ start_etcd() {
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
     --initial-cluster "stalwart-test=http://127.0.0.1:$peer" --listen-metrics-urls "" \
     --log-outputs stderr
-  local i
-  for ((i = 0; i < 600; i++)); do
-    port_open 127.0.0.1 "$client" && return 0
-    alive "$dir/etcd.pid" || break
-    sleep 0.1
-  done
-  log "etcd did not come up on port $client; log tail:"
-  tail -n 5 "$dir/etcd.log" >&2 || true
-  return 1
+  wait_up etcd "$dir/etcd.pid" "$dir/etcd.log" 60 port_open 127.0.0.1 "$client"
 }
+
+# ready KUBECONFIG: /readyz answers ok to the admin (RBAC bootstrap and every
+# post-start hook done).
+ready() { KUBECONFIG=$1 kubectl get --raw /readyz --request-timeout 5s 2>/dev/null | grep -qx ok; }
 
 start_apiserver() {
   local dir=$1 bin=$2 etcd_port=$3 port=$4 p=$1/pki
@@ -102,18 +88,7 @@ start_apiserver() {
     --authorization-mode RBAC --anonymous-auth=false \
     --endpoint-reconciler-type none --service-cluster-ip-range 10.96.0.0/16 \
     --cert-dir "$dir/apiserver-certs" --profiling=false
-  # Ready = /readyz answers ok to the admin (RBAC bootstrap and every post-start hook done).
-  local i
-  for ((i = 0; i < 1800; i++)); do
-    if KUBECONFIG=$dir/kubeconfig kubectl get --raw /readyz --request-timeout 5s 2>/dev/null | grep -qx ok; then
-      return 0
-    fi
-    alive "$dir/apiserver.pid" || break
-    sleep 0.2
-  done
-  log "kube-apiserver did not become ready on port $port; log tail:"
-  tail -n 5 "$dir/apiserver.log" >&2 || true
-  return 1
+  wait_up kube-apiserver "$dir/apiserver.pid" "$dir/apiserver.log" 360 ready "$dir/kubeconfig"
 }
 
 write_kubeconfig() {
@@ -128,31 +103,27 @@ write_kubeconfig() {
   "${k[@]}" use-context stalwart-test >/dev/null
 }
 
+# try_start DIR ETCD_CLIENT_PORT ETCD_PEER_PORT APISERVER_PORT: etcd, then the API
+# server on it; prints the kubeconfig once both are ready.
+try_start() {
+  local dir=$1
+  write_kubeconfig "$dir" "$4" &&
+    start_etcd "$dir" "$2" "$3" &&
+    start_apiserver "$dir" "$APISERVER" "$2" "$4" &&
+    echo "$dir/kubeconfig"
+}
+
 start() {
-  local dir=$1 bin attempt
-  mkdir -p "$dir"
-  dir=$(cd "$dir" && pwd)
-  if alive "$dir/apiserver.pid" && [[ -s "$dir/kubeconfig" ]]; then
+  local dir
+  dir=$(server_dir "$1")
+  if still_running "$dir/apiserver.pid" "$dir/kubeconfig"; then
     echo "$dir/kubeconfig"
     return 0
   fi
   ensure_tools
-  bin=$(apiserver_binary)
+  APISERVER=$(apiserver_binary)
   [[ -s "$dir/pki/sa.key" ]] || pki "$dir"
-  for attempt in 1 2; do
-    local ports
-    mapfile -t ports < <(free_ports 3)
-    write_kubeconfig "$dir" "${ports[2]}"
-    if start_etcd "$dir" "${ports[0]}" "${ports[1]}" &&
-       start_apiserver "$dir" "$bin" "${ports[0]}" "${ports[2]}"; then
-      echo "$dir/kubeconfig"
-      watch_owner "$HERE/$(basename "$0")" "$dir"
-      return 0
-    fi
-    log "attempt $attempt failed; retrying on fresh ports"
-    stop_all "$dir"
-  done
-  die "could not start etcd and kube-apiserver (logs in $dir)"
+  start_on_free_ports "etcd and kube-apiserver" 2 3 try_start stop_all "$dir"
 }
 
 stop_all() {

@@ -110,7 +110,9 @@ async def run(settings: CoordinatorSettings) -> None:
 
     # The election needs the bound address, the servicer needs the election:
     # build the election first with the address filled in after binding.
-    leases = await _open_leases(settings.lease_url) if settings.lease_url else None
+    leases = (
+        await _open_leases(settings.lease_url, state.lease_name) if settings.lease_url else None
+    )
     election = Election(state, leader, "", settings, lead, follow, leases=leases)
     metrics.watch(control)
     holder["election"] = election
@@ -137,13 +139,17 @@ async def run(settings: CoordinatorSettings) -> None:
         store.close()
 
 
-async def _open_leases(url: str):
-    """The leader lease's own backend: a Kubernetes Lease for ``k8s://``, else a store."""
+async def _open_leases(url: str, lease_name: str):
+    """The leader lease's own backend: a Kubernetes Lease for ``k8s://``, else a store.
+
+    On Kubernetes the store prefix is part of the Lease object's name: one that
+    makes no valid name is refused here, not by every election round after."""
     try:
         if url.startswith("k8s://"):
-            from stalwart.stores.k8s_lease import K8sLeases  # needs the kubernetes client
+            from stalwart.stores import k8s_lease  # the client itself only in from_url
 
-            return await asyncio.to_thread(K8sLeases.from_url, url)
+            k8s_lease.object_name(k8s_lease.parse_k8s_url(url)[1], lease_name)
+            return await asyncio.to_thread(k8s_lease.K8sLeases.from_url, url)
         return await asyncio.to_thread(open_store, url)
     except Exception as exc:  # also the kubernetes client's own config errors
         raise ConfigError(f"cannot open the lease backend {url}: {exc}") from exc

@@ -73,7 +73,11 @@ class Checkpoints:
         self.tier = TierPolicy(settings.durable_every if settings.durable_url else 0)
         self._job_locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, asyncio.Task] = {}
-        self._last_ordered: dict[str, int] = {}
+        # per job: newest checkpoint's version (learnt from the store by a new leader),
+        # last order that failed other than by being overtaken, and the last one aimed
+        self._last_saved: dict[str, int] = {}
+        self._last_failed: dict[str, int] = {}
+        self._aimed: dict[str, int] = {}
         self._restore_lock = asyncio.Lock()
         self._restoring: asyncio.Task | None = None
 
@@ -161,22 +165,42 @@ class Checkpoints:
         return any(k in self.c.lost_groups for k in range(job.num_shards))
 
     async def _periodic(self, job_id: str) -> None:
+        """One periodic checkpoint of ``job_id`` when one is due (ckptplan.next_order)."""
+        self._aimed.pop(job_id, None)
         try:
             async with self.c.lock:
                 job = self.c.job(job_id)
                 targets = self._primaries(job)
-            current = await self._version(job_id, targets)
-            interval = job.spec.checkpoint_interval
-            at = ckptplan.next_version(current, interval, self._last_ordered.get(job_id, -1))
-            if at is None or at > job.steps:
-                return
-            self._last_ordered[job_id] = at
-            await self.save(job_id, at)
+            if self._aim(job, await self._version(job_id, targets)) is None:
+                return  # nothing due before the last step: no store work
+            # aimed again once the store work is done, at the version the primaries
+            # hold then: a fast job would otherwise overtake a catch-up order
+            await self.save(job_id, lambda now: self._aim(job, now, announce=True))
         except StalwartError as exc:
             if exc.kind.reason != "NOT_LEADER":
-                log.warning("periodic checkpoint failed", job=job_id, error=str(exc))
+                self._failed(job_id, exc)
         except RpcError as exc:
-            log.warning("periodic checkpoint failed", job=job_id, error=str(exc))
+            if exc.kind is ErrorKind.FAILED_PRECONDITION:  # overtaken: aim again next tick
+                log.info("periodic checkpoint overtaken", job=job_id, error=str(exc))
+            else:
+                self._failed(job_id, exc)
+
+    def _aim(self, job: jobs.Job, current: int, announce: bool = False) -> int | None:
+        order = ckptplan.next_order(current, job.spec.checkpoint_interval, job.steps,
+                                    self._last_saved.get(job.job_id, -1),
+                                    self._last_failed.get(job.job_id, -1))  # fmt: skip
+        if order is None:
+            return None
+        if announce and order.passed:
+            log.info("periodic checkpoint covers passed marks", job=job.job_id, at=order.at,
+                     version=current, passed=order.passed)  # fmt: skip
+        self._aimed[job.job_id] = order.at
+        return order.at
+
+    def _failed(self, job_id: str, exc: Exception) -> None:
+        """Back off: the next order is at a mark above this one (ckptplan.next_order)."""
+        self._last_failed[job_id] = self._aimed.get(job_id, -1)
+        log.warning("periodic checkpoint failed", job=job_id, error=str(exc))
 
     async def create(self, job_id: str) -> common.CheckpointManifest:
         """A checkpoint now (CreateCheckpoint): at the version the primaries hold."""
@@ -227,21 +251,25 @@ class Checkpoints:
             versions.append(version)
         return max(versions) if highest else min(versions)
 
-    async def save(self, job_id: str, at: int) -> common.CheckpointManifest:
-        """Checkpoint every shard of ``job_id`` at version ``at`` and publish it."""
+    async def save(
+        self, job_id: str, at: int | Callable[[int], int | None]
+    ) -> common.CheckpointManifest | None:
+        """Checkpoint every shard of ``job_id`` at version ``at`` and publish it.
+
+        ``at`` may be ``aim(version)``, called once the store is ready with the
+        version the primaries hold then; when it returns None nothing is saved."""
         async with self._job_lock(job_id):
             async with self.c.lock:
                 job = self.c.job(job_id)
                 targets = self._primaries(job)
                 voters = {shard: self._voters(job_id, shard) for shard, _, _ in targets}
                 spec = job.spec
-            newest = await self.list(job_id)
-            parent = newest[0].checkpoint_id if newest else ""
-            # retention first when the store is short of room; refused (RESOURCE_EXHAUSTED)
-            # when even that is not enough: training goes on, the newest checkpoint stays
-            others = [j for j in self.c.jobs if j != job_id]
-            needed = newest[0].total_bytes if newest else 0
-            await self._io(lambda: ckpt.make_room(self.store(), job_id, needed, live_jobs=others))
+            parent = await self._prepare(job_id)
+            if callable(at):
+                aimed = at(await self._version(job_id, targets))
+                if aimed is None:
+                    return None
+                at = aimed
             checkpoint_id = ckptplan.checkpoint_id(job_id, at)
             started = time.monotonic()
             printing = asyncio.gather(*(
@@ -275,20 +303,31 @@ class Checkpoints:
                 data_position=common.DataPosition(step=at, seed=spec.seed),
             )  # fmt: skip
             await self._io(ckpt.publish, self.store(), manifest)
+            self._last_saved[job_id] = max(self._last_saved.get(job_id, 0), at)
+            self._last_failed.pop(job_id, None)
             seconds = time.monotonic() - started
             taken = await self._record_saved(manifest, seconds)
             await self._after_save(manifest, taken)
         return manifest
 
+    async def _prepare(self, job_id: str) -> str:
+        """The parent of the next checkpoint (its newest, "" if none), with room made.
+
+        Retention runs first when the store is short of room; refused
+        (RESOURCE_EXHAUSTED) when even that is not enough: training goes on and
+        the newest checkpoint stays. A new leader learns the newest version here."""
+        newest = await self.list(job_id)
+        self._last_saved.setdefault(job_id, newest[0].step if newest else 0)
+        others = [j for j in self.c.jobs if j != job_id]
+        needed = newest[0].total_bytes if newest else 0
+        await self._io(lambda: ckpt.make_room(self.store(), job_id, needed, live_jobs=others))
+        return newest[0].checkpoint_id if newest else ""
+
     # --- replica fingerprints (decisions in replicacheck.py) --------------------------
 
     def _voters(self, job_id: str, shard: int) -> dict[str, str]:
-        """node id -> address of the group's live replicas holding the job."""
-        return {
-            r.node_id: r.address
-            for r in self.group_of(shard)
-            if r.alive and r.role in ("primary", "backup") and job_id in r.versions
-        }
+        primary_id = self.c.groups.get(shard, ("", 0))[0]
+        return replicacheck.voters(self.group_of(shard), primary_id, job_id)
 
     async def _fingerprint(self, address: str, job_id: str, at: int) -> int:
         request = paramserver.GetFingerprintRequest(job_id=job_id, at_version=at)
@@ -451,7 +490,8 @@ class Checkpoints:
                 self.c.restore_generation += 1
                 self.c._advance(job, jobs.Rewind(manifest.step), now)
                 self.c._dirty_jobs.add(job_id)
-                self._last_ordered[job_id] = manifest.step
+                self._last_saved[job_id] = manifest.step  # the marks count from here again
+                self._last_failed.pop(job_id, None)
                 self.c.events.add(EV.EVENT_KIND_CHECKPOINT_RESTORED,
                                   f"job {job_id} restored from {manifest.checkpoint_id} at step "
                                   f"{manifest.step} ({why}); "

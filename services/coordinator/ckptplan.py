@@ -13,14 +13,51 @@ from services.coordinator.promotion import ReplicaView, live_primary
 _POLLED = ("primary", "backup", "fenced")
 
 
-def next_version(current: int, interval: int, last_ordered: int) -> int | None:
-    """The version the next periodic checkpoint snapshots at: the first multiple of
-    ``interval`` above both the version the primaries report now and the last one
-    ordered. Strictly above: the paramserver refuses a version it is already past,
-    and in sync mode nothing holds training while the order travels."""
+@dataclass(frozen=True)
+class Order:
+    """A periodic checkpoint to take: snapshot at version ``at``. ``passed`` counts the
+    multiples of the interval the job went past with no checkpoint since the last one
+    (0 for an order at the next multiple); this checkpoint is the one that covers them."""
+
+    at: int
+    passed: int = 0
+
+
+def next_order(
+    current: int, interval: int, steps: int, last_saved: int, last_failed: int = -1
+) -> Order | None:
+    """The next periodic checkpoint of a job with ``checkpoint_interval = interval``.
+
+    ``current``: the version its primaries hold now; ``last_saved``: the version of its
+    newest checkpoint (-1 or 0: none); ``last_failed``: the version of the last order
+    that failed for a reason other than being overtaken (-1: none). A checkpoint is
+    due at every multiple of the interval (a mark):
+
+    - the first mark above ``last_saved`` not reached yet: order it (the primaries
+      snapshot when they get there);
+    - that mark already passed with no checkpoint (the job outran the last save):
+      order the newest version the primaries can still snapshot, ``current + 1``
+      (``current`` itself at the last step, which nothing moves past). Strictly
+      above otherwise: in sync mode nothing holds training while the order travels,
+      and the paramserver refuses a version it is already past;
+    - after a failed order at or beyond that mark (store full or down, replicas that
+      disagree), the first mark above both ``current`` and the failed one: a failing
+      store is tried once an interval, not every tick.
+
+    None when the interval is 0 or the order would lie past the job's last step.
+    """
     if interval <= 0:
         return None
-    return (max(current, last_ordered) // interval + 1) * interval
+    covered = max(last_saved, 0) // interval  # marks up to here have a checkpoint
+    due = (covered + 1) * interval
+    passed = max(0, current // interval - covered)
+    if last_failed >= due:
+        at = (max(current, last_failed) // interval + 1) * interval
+    elif due > current:
+        at = due
+    else:
+        at = current if current >= steps else current + 1
+    return Order(at, passed) if at <= steps else None
 
 
 def checkpoint_id(job_id: str, step: int) -> str:
@@ -57,7 +94,7 @@ def restore_target(group: Sequence[ReplicaView], recorded_epoch: int = 0) -> Res
     live = [r for r in group if r.alive and r.role in _POLLED]
     if not live:
         return None
-    chosen = live_primary(group) or max(live, key=lambda r: (r.epoch, r.node_id))
+    chosen = live_primary(group, recorded_epoch) or max(live, key=lambda r: (r.epoch, r.node_id))
     epoch = max([recorded_epoch, *(r.epoch for r in group)]) + 1
     backups = tuple(sorted(r.address for r in live if r.node_id != chosen.node_id))
     return RestoreTarget(chosen.node_id, chosen.address, epoch, backups)

@@ -80,10 +80,12 @@ class Control:
         self._dirty_jobs: set[str] = set()
         self._dirty_nodes: set[str] = set()
         self._dirty_groups: set[int] = set()
+        self._dirty_errors: set[str] = set()  # job ids whose user-error counts changed
         self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
         self.task_errors = taskerrors.TaskErrors()
-        # node id -> why its drain started, until the NODE_DRAINED event names it
-        # (in memory: a drain finished by a new leader is announced without a reason)
+        # node id -> why its drain started, until the NODE_DRAINED event names it. Never
+        # outlives the call that starts the drain (placement vacates a DRAINING node's
+        # work in the same reconcile), so the stored event carries it to a new leader.
         self._drain_reasons: dict[str, str] = {}
 
     # --- guards and I/O ------------------------------------------------------------
@@ -115,6 +117,7 @@ class Control:
             (s, *self.groups.get(s, ("", 0)), s in self.lost_groups)
             for s in sorted(self._dirty_groups)
         ]
+        errors_out = self._errors_out()
         events = self.events.take_pending()
         self._dirty_jobs.clear(), self._dirty_nodes.clear(), self._dirty_groups.clear()
 
@@ -125,6 +128,8 @@ class Control:
                 self.state.put_node(epoch, node)
             for shard, primary, group_epoch, lost in groups_out:
                 self.state.put_group(epoch, shard, primary, group_epoch, lost)
+            for job_id, entries in errors_out:
+                self.state.put_task_errors(epoch, job_id, entries)
             self.state.append_events(epoch, events, self.settings.events_kept)
 
         try:
@@ -136,6 +141,18 @@ class Control:
             ) from None
         self.events.publish(events)
         metrics.record_events(events)
+
+    def _errors_out(self) -> list[tuple[str, list]]:
+        """(job id, user-error counts) to write ([] drops the key); the counts of a job
+        that has finished are forgotten here."""
+        for job_id in self._dirty_jobs:
+            job = self.jobs.get(job_id)
+            if job is not None and job.finished and self.task_errors.holds(job_id):
+                self.task_errors.forget(job_id)
+                self._dirty_errors.add(job_id)
+        errors = [(j, self.task_errors.entries(j)) for j in sorted(self._dirty_errors)]
+        self._dirty_errors.clear()
+        return errors
 
     async def _fenced(self, reason: str) -> None:
         log.warning("fenced by a newer coordinator epoch", reason=reason)
@@ -205,9 +222,13 @@ class Control:
         """Elected: fence older epochs, reload everything, grant fresh leases, announce."""
         async with self.lock:
             await self.io(self.state.take_over, epoch)
-            jobs_in, nodes_in, groups, last = await self.io(self._read_all)
+            jobs_in, nodes_in, groups, last, errors = await self.io(self._read_all)
             now = time.time()
             self.jobs = {j.job_id: job_from_proto(j) for j in jobs_in}
+            self.task_errors = taskerrors.TaskErrors()
+            for job_id, entries in errors.items():  # the old leader's counts go on
+                if job_id in self.jobs and not self.jobs[job_id].finished:
+                    self.task_errors.load(job_id, entries)
             self.members = Membership(self.settings.node_lease_seconds, self.settings.detector())
             self.members.nodes = {n.node_id: node_from_proto(n) for n in nodes_in}
             self.members.refresh_all(now)  # nobody dies only because the leader changed
@@ -224,7 +245,7 @@ class Control:
 
     def _read_all(self):
         s = self.state
-        return s.jobs(), s.nodes(), s.groups(), s.last_sequence()
+        return s.jobs(), s.nodes(), s.groups(), s.last_sequence(), s.task_errors()
 
     def _restore_standbys(self, nodes_in) -> None:
         for n in nodes_in:
@@ -404,12 +425,11 @@ class Control:
             log.warning("user code failed", job=job_id, node=error.node_id, phase=error.phase,
                         step=error.step, slot=error.slot, error=error.message)  # fmt: skip
             reason = self.task_errors.record(job_id, error)
-            if reason is None:
-                return job
-            now = time.time()
-            self._advance(job, jobs.Fail(reason), now)
-            self.task_errors.forget(job_id)
-            self._reconcile(now)
+            self._dirty_errors.add(job_id)  # counted in the store too: a new leader goes on
+            if reason is not None:
+                now = time.time()
+                self._advance(job, jobs.Fail(reason), now)  # _flush forgets the counts
+                self._reconcile(now)
             await self._flush()
             return job
 

@@ -204,7 +204,7 @@ class ParamWatch:
         for shard in self.shards():
             if shard in c.lost_groups:
                 continue  # a fresh replica claiming primary holds no state: restore first
-            primary = promotion.live_primary(self.group(shard))
+            primary = promotion.live_primary(self.group(shard), c.groups.get(shard, ("", 0))[1])
             if primary is not None and c.groups.get(shard) != (primary.node_id, primary.epoch):
                 c.groups[shard] = (primary.node_id, primary.epoch)
                 c._dirty_groups.add(shard)
@@ -215,12 +215,14 @@ class ParamWatch:
         for shard in self.shards():
             if shard in c.lost_groups:
                 continue  # restored from a checkpoint (checkpoints.py), never promoted empty
-            primary_id = c.groups.get(shard, ("", 0))[0]
+            primary_id, recorded_epoch = c.groups.get(shard, ("", 0))
             committed = frozenset(
                 j.job_id for j in c.jobs.values()
                 if not j.finished and shard < j.num_shards and j.step > 0
             )  # fmt: skip
-            decided = promotion.decide(self.group(shard), primary_id, committed, self.backups)
+            decided = promotion.decide(
+                self.group(shard), primary_id, committed, self.backups, recorded_epoch
+            )
             out += [(shard, d) for d in decided]
         return out
 

@@ -75,9 +75,18 @@ def progress_key(replica: ReplicaView) -> tuple[int, int, str]:
     return (sum(replica.versions.values()), replica.epoch, replica.node_id)
 
 
-def live_primary(group: Sequence[ReplicaView]) -> ReplicaView | None:
-    """The live replica claiming primary with the highest epoch, if any."""
-    primaries = [r for r in group if r.alive and r.role == "primary"]
+def live_primary(group: Sequence[ReplicaView], recorded_epoch: int = 0) -> ReplicaView | None:
+    """The live replica claiming primary at the group's newest epoch, if any.
+
+    The newest epoch is the highest any replica of the group reported (dead ones
+    included) or the one recorded for the group (``recorded_epoch``, from the store:
+    it outlives a leader's polls). A claim under a lower epoch is stale: an old
+    primary back from a partition that nobody told it was replaced. It never
+    counts as the primary (it would serve the state it had when it was cut off);
+    it is a replica like a spare, made a backup of the real primary when one is
+    added."""
+    newest = max([recorded_epoch, *(r.epoch for r in group)])
+    primaries = [r for r in group if r.alive and r.role == "primary" and r.epoch >= newest]
     return max(primaries, key=lambda r: r.epoch, default=None)
 
 
@@ -86,11 +95,12 @@ def decide(
     primary_id: str,
     committed: frozenset[str] = frozenset(),
     wanted: int = 0,
+    recorded_epoch: int = 0,
 ) -> list[Decision]:
-    """What to do for one shard group whose recorded primary is ``primary_id``;
-    ``committed``: jobs with committed steps on this group (their state exists);
-    ``wanted``: backups the primary should have (0: every live replica)."""
-    primary = live_primary(group)
+    """What to do for one shard group whose recorded primary is ``primary_id`` (at
+    ``recorded_epoch``); ``committed``: jobs with committed steps on this group (their
+    state exists); ``wanted``: backups the primary should have (0: every live replica)."""
+    primary = live_primary(group, recorded_epoch)
     if primary is not None:
         return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)

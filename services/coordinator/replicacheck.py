@@ -24,8 +24,10 @@ comparison, and the next checkpoint tries again.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from services.coordinator.promotion import ReplicaView
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,22 @@ class Judgement:
 def describe(prints: Mapping[str, int]) -> str:
     """One line naming every voter's fingerprint, for events, logs and alerts."""
     return ", ".join(f"{node}={crc:08x}" for node, crc in sorted(prints.items()))
+
+
+def voters(group: Sequence[ReplicaView], primary_id: str, job_id: str) -> dict[str, str]:
+    """node id -> address of the replicas asked to fingerprint ``job_id``: the group's
+    primary and the backups it replicates to, live and holding the job. Any other
+    replica (a warm spare, a backup replaced while it hung, an old primary back from
+    a partition) holds no current state: asked for a version it never reaches, it
+    would keep the checkpoint waiting for the whole deadline."""
+    primary = next((r for r in group if r.node_id == primary_id), None)
+    followers = set(primary.backups) if primary is not None else set()
+    return {
+        r.node_id: r.address
+        for r in group
+        if r.alive and job_id in r.versions
+        and (r.node_id == primary_id or (r.role == "backup" and r.address in followers))
+    }  # fmt: skip
 
 
 def judge(primary_id: str, prints: Mapping[str, int]) -> Judgement:

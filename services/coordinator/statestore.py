@@ -9,6 +9,8 @@ Keys (under an optional prefix, so several clusters can share one store):
     groups/<shard>          JSON: recorded primary node id and epoch of a shard group;
                             "lost": true while every replica is gone (restore pending)
     checkpoints/<job_id>    JSON: how many checkpoints the job has taken (tiering)
+    usererrors/<job_id>     JSON: the job's counts of user-code error reports
+                            (taskerrors.TaskErrors.entries), while it is active
     requests/<hash>         job id admitted for a CreateJob request id
     answers/<hash>          what another mutating call answered for its request id
                             (a job, node or checkpoint id, an epoch): a retry gets it
@@ -127,6 +129,22 @@ class StateStore:
     def checkpoint_count(self, job_id: str) -> int:
         raw = self.store.kv_get(self.key(f"checkpoints/{job_id}"))
         return int(json.loads(raw)["taken"]) if raw else 0
+
+    def put_task_errors(self, epoch: int, job_id: str, entries: list | None) -> None:
+        """A job's user-error counts (plain data); None or empty drops them."""
+        value = json.dumps(entries).encode() if entries else None
+        self._put_or_drop(epoch, f"usererrors/{job_id}", value)
+
+    def task_errors(self) -> dict[str, list]:
+        items = self.store.kv_list(self.key("usererrors/")).items()
+        return {k.rsplit("/", 1)[1]: json.loads(v) for k, v in items}
+
+    def _put_or_drop(self, epoch: int, name: str, value: bytes | None) -> None:
+        self.check(epoch)
+        if value is None:
+            self.store.kv_delete(self.key(name))
+        else:
+            self.store.kv_put(self.key(name), value)
 
     def put_request(self, epoch: int, request_id: str, job_id: str) -> str:
         """Remember which job a request admitted; returns the job id stored first."""

@@ -11,8 +11,10 @@ disk under the dataset), so one report only counts; the job fails when
 - one trainer reports it three times for the same slot and step (a job with
   one trainer and no standby has nobody else to ask).
 
-The counts live in the leader's memory: a new leader starts them afresh, which
-costs at most the reports of one more retry.
+The leader keeps the counts of each active job in the coordination store too
+(``entries``/``load``, key ``usererrors/<job>``), so a new leader goes on counting
+where the old one stopped: two trainers' reports fail the job even when a
+failover fell between them.
 """
 
 from __future__ import annotations
@@ -82,3 +84,24 @@ class TaskErrors:
         """The job finished: its counts are of no more use."""
         for key in [k for k in self._seen if k[0] == job_id]:
             del self._seen[key]
+
+    def holds(self, job_id: str) -> bool:
+        return any(k[0] == job_id for k in self._seen)
+
+    def entries(self, job_id: str) -> list[dict]:
+        """The job's counts as plain data (JSON-ready), oldest first."""
+        return [
+            {"step": step, "error": list(signature), "nodes": sorted(seen.nodes),
+             "per_slot": [[node, slot, n] for (node, slot), n in sorted(seen.per_slot.items())]}
+            for (job, step, signature), seen in self._seen.items()
+            if job == job_id
+        ]  # fmt: skip
+
+    def load(self, job_id: str, entries: list[dict]) -> None:
+        """Take over the counts :meth:`entries` gave (another leader's)."""
+        for e in entries:
+            key = (job_id, int(e["step"]), tuple(str(x) for x in e["error"]))
+            per_slot = {(str(node), int(slot)): int(n) for node, slot, n in e["per_slot"]}
+            self._seen[key] = _Seen(set(map(str, e["nodes"])), per_slot)
+        while len(self._seen) > self.remembered:
+            self._seen.popitem(last=False)

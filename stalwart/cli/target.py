@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+from rich.console import Console
 
 from stalwart import cluster
 from stalwart.cli.output import ExitCode, fail
@@ -42,6 +43,14 @@ RUN_DIR = typer.Option(
 TIMEOUT = typer.Option(
     15.0, "--timeout", min=0.1, help="seconds to keep trying to reach a leader before giving up"
 )
+# Longer than the coordinator's own bound on checkpoint store work (its
+# --checkpoint-timeout-seconds, 120 by default), so that its answer naming the slow
+# store arrives before this side gives up.
+LONG_TIMEOUT_S = 150.0
+LONG_TIMEOUT = typer.Option(
+    LONG_TIMEOUT_S, "--timeout", min=0.1,
+    help="seconds to wait for the answer (the coordinator reads the whole checkpoint first)",
+)  # fmt: skip
 
 
 def addresses(coordinator: str, run_dir: Path | None) -> list[str]:
@@ -94,6 +103,27 @@ class Target:
                 return await fn(client)
 
         return asyncio.run(go())
+
+
+@dataclasses.dataclass(frozen=True)
+class LongTarget(Target):
+    """The cluster of a command whose call does long work before it answers (reading,
+    verifying or loading a whole checkpoint): one attempt may take all of --timeout
+    (under the 5 s of a plain call it would time out and be sent again, only to
+    start the same work over), and a spinner on a terminal's stderr shows the wait."""
+
+    timeout: float = LONG_TIMEOUT
+
+    def client(self, targets: list[str]) -> CoordinatorClient:
+        return CoordinatorClient(targets, call_timeout_s=self.timeout, retry_for_s=self.timeout)
+
+    def call(self, fn: Callable[[CoordinatorClient], Awaitable[T]], doing: str = "waiting") -> T:
+        """:meth:`Target.call`, with ``doing`` beside a spinner while it runs."""
+        console = Console(stderr=True)
+        if not console.is_terminal:  # scripts and tests: stderr keeps only errors
+            return super().call(fn)
+        with console.status(f"{doing} (up to {self.timeout:.0f} s)"):
+            return super().call(fn)
 
 
 def option_groups(command: Callable) -> Callable:

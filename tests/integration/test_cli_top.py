@@ -17,7 +17,7 @@ from stalwart.api import common
 from stalwart.client import CoordinatorClient
 from tests.backends import shm_url  # noqa: F401
 from tests.integration.coordinator.support import job_spec, wait_leader
-from tests.integration.test_dashboard_metrics import Cluster
+from tests.launcher import Launcher
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,12 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def cluster(run_dir: Path, shm_url: str) -> Iterator[Cluster]:  # noqa: F811
-    c = Cluster(run_dir / "top", shm_url)
+def launcher(run_dir: Path) -> Iterator[Launcher]:
+    launch = Launcher(run_dir / "top", flags=("--grace-seconds", "2", "--metrics-port", "-1"),
+                      timeout=90)  # fmt: skip
     try:
-        yield c
+        yield launch
     finally:
-        c.stop_all()
+        launch.stop_all()
 
 
 def top(*args: str) -> subprocess.CompletedProcess:
@@ -47,13 +48,13 @@ async def registered(address: str, node_ids: set[str]) -> None:
         await client.create_job(job_spec(num_slots=1, steps=5), job_id="top-job")
 
 
-def test_top_once_shows_the_cluster(cluster):
-    coord = cluster.start("services.coordinator", "c1", "--store-url", cluster.store_url,
-                          "--store-prefix", cluster.prefix)  # fmt: skip
+def test_top_once_shows_the_cluster(launcher, shm_url):  # noqa: F811
+    coord = launcher.launch("services.coordinator", "c1", "--node-id", "c1",
+                            "--store-url", shm_url, "--store-prefix", launcher.prefix)  # fmt: skip
     asyncio.run(wait_leader(coord.address))
     join = ("--coordinator", coord.address)
-    cluster.start("services.trainer", "top-tr0", *join)
-    cluster.start("services.trainer", "top-sb", *join, "--standby")
+    launcher.launch("services.trainer", "top-tr0", "--node-id", "top-tr0", *join)
+    launcher.launch("services.trainer", "top-sb", "--node-id", "top-sb", *join, "--standby")
     asyncio.run(registered(coord.address, {"top-tr0", "top-sb"}))
 
     shown = top("--coordinator", coord.address)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,34 +80,26 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float:
     return sum(v for got, v in samples.get(name, []) if labels.items() <= got.items())
 
 
-class Cluster(Launcher):
-    def __init__(self, run_dir: Path, store_url: str) -> None:
-        super().__init__(run_dir, "m" + uuid.uuid4().hex[:8], ("--grace-seconds", "2"), 90)
-        self.store_url = store_url
-
-    def start(self, module: str, name: str, *args: str) -> ServiceProcess:
-        # --metrics-port 0 (the default): a free port, written to the ready file
-        return self.launch(module, name, "--node-id", name, *args)
-
-
 @pytest.fixture
-def cluster(run_dir: Path, shm_url: str) -> Iterator[Cluster]:  # noqa: F811
-    c = Cluster(run_dir / "dashboard", shm_url)
+def launcher(run_dir: Path) -> Iterator[Launcher]:
+    # no --metrics-port: the default 0 picks a free port and writes it to the ready file
+    launch = Launcher(run_dir / "dashboard", flags=("--grace-seconds", "2"), timeout=90)
     try:
-        yield c
+        yield launch
     finally:
-        c.stop_all()
+        launch.stop_all()
 
 
-def test_every_dashboard_series_is_exported_by_its_service(cluster):
-    coord = cluster.start("services.coordinator", "c1", "--store-url", cluster.store_url,
-                          "--store-prefix", cluster.prefix)  # fmt: skip
+def test_every_dashboard_series_is_exported_by_its_service(launcher, shm_url):  # noqa: F811
+    coord = launcher.launch("services.coordinator", "c1", "--node-id", "c1",
+                            "--store-url", shm_url, "--store-prefix", launcher.prefix)  # fmt: skip
     asyncio.run(wait_leader(coord.address))
     join = ("--coordinator", coord.address)
-    backup = cluster.start("services.paramserver", "ps-b", "--role", "backup", *join)
-    primary = cluster.start("services.paramserver", "ps-p", "--role", "primary",
-                            "--backups", backup.address, *join)  # fmt: skip
-    trainer = cluster.start("services.trainer", "tr0", *join)
+    backup = launcher.launch("services.paramserver", "ps-b", "--node-id", "ps-b",
+                             "--role", "backup", *join)  # fmt: skip
+    primary = launcher.launch("services.paramserver", "ps-p", "--node-id", "ps-p",
+                              "--role", "primary", "--backups", backup.address, *join)  # fmt: skip
+    trainer = launcher.launch("services.trainer", "tr0", "--node-id", "tr0", *join)
     steps = 8
     job = asyncio.run(run_job(coord.address, steps))
     assert job.state == coordinator.JOB_STATE_SUCCEEDED, job.reason

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
+from stalwart.api import coordinator
 from stalwart.cli.main import app as stalwart
-from stalwart.cli.target import FROM_FLAGS, Target, option_groups
+from stalwart.cli.target import FROM_FLAGS, LONG_TIMEOUT_S, Target, option_groups
+from stalwart.client.coordinator import CoordinatorClient
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,36 @@ def test_defaults_and_help_order() -> None:
     assert [text.index(f) for f in flags] == sorted(text.index(f) for f in flags)
 
 
-def test_restore_keeps_its_longer_timeout() -> None:
-    text = CliRunner().invoke(stalwart, ["ckpt", "restore", "--help"], env={"COLUMNS": "200"})
-    assert "seconds to wait" in text.output and "120.0" in text.output
+LONG_CALLS = [
+    (["ckpt", "restore", "j.s000000000004.ab"], "RestoreCheckpoint",
+     coordinator.RestoreCheckpointResponse(job=coordinator.Job(job_id="j", step=4))),
+    (["ckpt", "verify", "j.s000000000004.ab"], "VerifyCheckpoint",
+     coordinator.VerifyCheckpointResponse(ok=True, chunks_checked=3)),
+    (["ckpt", "rm", "j.s000000000004.ab"], "DeleteCheckpoint",
+     coordinator.DeleteCheckpointResponse(chunks_collected=2)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "method", "answer"), LONG_CALLS, ids=lambda a: str(a)[:20])
+def test_calls_that_walk_a_checkpoint_may_take_all_of_their_timeout(
+    monkeypatch, args, method, answer
+) -> None:
+    """One attempt may last the whole --timeout (150 s unless given): under a plain
+    call's 5 s it would time out and be sent again, starting the same work over."""
+    attempts: list[tuple[str, float]] = []
+
+    async def once(self, address, called, request, timeout_s=None):  # the network, faked
+        attempts.append((called, timeout_s or self.call_timeout_s))
+        return answer
+
+    monkeypatch.setattr(CoordinatorClient, "_once", once)
+    runner = CliRunner()
+    done = runner.invoke(stalwart, [*args, "-c", "127.0.0.1:1", "-o", "json"])
+    assert done.exit_code == 0, done.output
+    assert attempts == [(method, LONG_TIMEOUT_S)]
+    attempts.clear()
+    done = runner.invoke(stalwart, [*args, "-c", "127.0.0.1:1", "--timeout", "400"])
+    assert done.exit_code == 0, done.output
+    assert attempts == [(method, 400.0)]
+    text = runner.invoke(stalwart, [*args[:2], "--help"], env={"COLUMNS": "200"}).output
+    assert "seconds to wait" in text and f"{LONG_TIMEOUT_S:.1f}" in text

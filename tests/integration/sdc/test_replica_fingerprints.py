@@ -62,7 +62,7 @@ async def test_an_outvoted_backup_is_quarantined_and_leaves_its_group(cluster_pr
     assert [e.node_id for e in quarantined] == ["ps-b2"]
     assert "disagree" in quarantined[0].message
     caught_at = int(quarantined[0].message.split("at version ")[1].split()[0])
-    assert caught_at > 4 and caught_at % 3 == 0  # the first checkpoint after the flip
+    assert caught_at > 4  # the first checkpoint after the flip (a multiple of 3, or a catch-up)
     saved = {e.step for e in events if e.kind == common.EVENT_KIND_CHECKPOINT_SAVED}
     assert caught_at in saved  # the primary was in the majority: its checkpoint stands
     assert not [e for e in events if e.kind == common.EVENT_KIND_CHECKPOINT_RESTORED]

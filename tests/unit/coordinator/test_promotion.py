@@ -11,6 +11,7 @@ from services.coordinator.promotion import (
     Promote,
     ReplicaView,
     decide,
+    live_primary,
 )
 
 
@@ -181,3 +182,40 @@ def test_a_replaced_backup_is_never_promoted_over_the_primarys_followers() -> No
     # and with the follower dead too, the stale one must not serve: the group is lost
     group[2] = r("s", "backup", alive=False, version=9)
     assert decide(group, "p", wanted=1) == [GroupLost("primary dead and no live backup")]
+
+
+# --- an old primary back from a partition ---------------------------------------------
+# o led at epoch 1 and was cut off; n was promoted at epoch 2 (with b as its backup) and
+# took every later update. When the partition heals, o registers again and answers
+# polls as "primary" at epoch 1, with the state it had when it was cut off: nobody
+# told it. It must never count as the group's primary again.
+
+
+def test_the_old_primary_is_made_a_backup_of_the_new_one() -> None:
+    group = [
+        r("n", "primary", epoch=2, version=9, backups=["b:1"]),
+        r("b", "backup", epoch=2, version=9),
+        r("o", "primary", epoch=1, version=4),
+    ]
+    assert live_primary(group) == group[0]
+    assert decide(group, "n") == [AddBackup("n:1", "o:1", 2, ("b:1", "o:1"))]
+    assert decide(group, "n", wanted=1) == []  # a spare, like any other, until needed
+
+
+def test_when_the_new_primary_dies_its_backup_takes_over_not_the_old_primary() -> None:
+    group = [
+        r("n", "primary", alive=False, epoch=2, version=9, backups=["b:1"]),
+        r("b", "backup", epoch=2, version=9),
+        r("o", "primary", epoch=1, version=4),  # would serve version 4: updates lost
+    ]
+    assert live_primary(group) is None
+    assert decide(group, "n", wanted=1) == [Promote("b", "b:1", 3, ())]
+
+
+def test_a_new_leader_knows_the_old_claim_is_stale_from_the_recorded_epoch() -> None:
+    # a new leader has polled neither n (dead) nor anything at epoch 2: only the
+    # stored group record (n at epoch 2) says o's claim is old
+    group = [r("n", "primary", alive=False, epoch=0), r("o", "primary", epoch=1, version=4)]
+    assert live_primary(group, recorded_epoch=2) is None
+    assert decide(group, "n", recorded_epoch=2) == [GroupLost("primary dead and no live backup")]
+    assert live_primary(group) == group[1]  # without the record it would look current

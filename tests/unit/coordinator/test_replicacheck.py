@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from services.coordinator.replicacheck import Judgement, describe, judge
+from services.coordinator.promotion import ReplicaView
+from services.coordinator.replicacheck import Judgement, describe, judge, voters
 
 
 def test_agreeing_replicas_publish() -> None:
@@ -36,3 +37,22 @@ def test_too_few_answers_check_nothing() -> None:
 
 def test_describe_names_every_voter() -> None:
     assert describe({"b": 0xA, "a": 0xFFFFFFFF}) == "a=ffffffff, b=0000000a"
+
+
+def _view(node_id, role, *, alive=True, backups=(), jobs=("j",)):
+    return ReplicaView(node_id, f"{node_id}:1", alive, role, 2, dict.fromkeys(jobs, 5),
+                       tuple(backups))  # fmt: skip
+
+
+def test_only_the_primary_and_the_backups_it_replicates_to_vote() -> None:
+    group = [
+        _view("p", "primary", backups=["b:1", "gone:1"]),
+        _view("b", "backup"),
+        _view("gone", "backup", alive=False),
+        _view("hung", "backup"),  # replaced by b while it hung: its state stopped
+        _view("old", "primary"),  # an old primary back from a partition, never told
+        _view("spare", "backup", jobs=()),
+    ]
+    assert voters(group, "p", "j") == {"p": "p:1", "b": "b:1"}
+    assert voters(group, "p", "other") == {}  # nobody holds that job
+    assert voters(group, "", "j") == {}  # no primary recorded: nothing to compare
