@@ -20,6 +20,7 @@ import numpy as np
 
 from services.health import detectors, fgl, metrics
 from services.health.datasets import PredictionSet
+from services.health.memory import release_freed
 from services.health.windows import Scaler, Windows, clean, counter_columns, make_windows
 
 PERSIST = 2
@@ -134,7 +135,10 @@ def _build(ds: PredictionSet, seed: int, release_raw: bool = False):
 
     fit = win(fit_e, (fit_rows[c] for c in cuts), st["stride"])
     del fit_rows  # the fit windows hold its features; the cleaned rows are done with
-    return fit, win(val_e, cleaned(val_e), 1), win(ds.test, cleaned(ds.test), 1)
+    release_freed()
+    out = fit, win(val_e, cleaned(val_e), 1), win(ds.test, cleaned(ds.test), 1)
+    release_freed()
+    return out
 
 
 def _choose_threshold(scores: np.ndarray, w: Windows, ents) -> float:
