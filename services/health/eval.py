@@ -55,7 +55,7 @@ def run(name: str, machines=None, seed: int = 0, horizon: float | None = None,
         return eval_detection.run(ds, seed, holdout_machines=holdout_machines)
     if holdout_machines is not None:
         raise ValueError("--holdout-machines is for detection data sets (smd, asd, csv with label)")
-    return eval_prediction.run(ds, seed)
+    return eval_prediction.run(ds, seed, release_raw=True)  # ds is not read after it
 
 
 def run_seeds(name: str, seed_list: list[int], horizon: float | None = None,

@@ -20,6 +20,7 @@ import numpy as np
 
 from services.health import detectors, fgl, metrics
 from services.health.datasets import PredictionSet
+from services.health.memory import release_freed
 from services.health.windows import Scaler, Windows, clean, counter_columns, make_windows
 
 PERSIST = 2
@@ -82,7 +83,32 @@ def settings(ds: PredictionSet) -> dict:
     return {**DEFAULT, **SETTINGS.get(ds.notes.get("profile", ds.name), {})}
 
 
-def _build(ds: PredictionSet, seed: int):
+def _release(e, release_raw: bool) -> None:
+    """Drop an entity's raw rows once they are cleaned (``release_raw``): on a large
+    export they are as big as the windows, and nothing after cleaning reads them."""
+    if release_raw:
+        e.x = e.x[:0]
+
+
+def _clean_rows(ents, counters, deltas, release_raw: bool):
+    """The cleaned rows of ``ents`` in one float32 array (no per-entity copies beside
+    it), and each entity's slice of it."""
+    width = ents[0].x.shape[1] + 1 if ents else 0
+    rows = np.empty((sum(len(e.t) for e in ents), width), dtype=np.float32)
+    cuts, at = [], 0
+    for e in ents:
+        rows[at : at + len(e.t)] = clean(e, counters, deltas)
+        _release(e, release_raw)
+        cuts.append(slice(at, at + len(e.t)))
+        at += len(e.t)
+    return rows, cuts
+
+
+def _build(ds: PredictionSet, seed: int, release_raw: bool = False):
+    """(fit, validation, test) windows, each with its entities. Built one entity at a
+    time into one array per set: the fit rows are cleaned once into one array (the
+    scaler's input), validation and test rows are cleaned as their windows are made,
+    and with ``release_raw`` each entity's raw rows are dropped once cleaned."""
     st = settings(ds)
     shift = st["shift"] or max(1, int(ds.horizon / ds.step / 4))
     counters = counter_columns(ds)
@@ -91,17 +117,28 @@ def _build(ds: PredictionSet, seed: int):
     fit_i, val_i = _split(len(ds.train), seed)
     fit_e = [ds.train[i] for i in fit_i]
     val_e = [ds.train[i] for i in val_i]
-    cl = {id(e): clean(e, counters, deltas) for e in ds.train + ds.test}
-    scale = Scaler().fit([cl[id(e)] for e in fit_e])
+    fit_rows, cuts = _clean_rows(fit_e, counters, deltas, release_raw)
+    scale = Scaler().fit(fit_rows)
 
-    def win(ents, stride):
-        # Each entity is in one of the three sets: its cleaned series is dropped once its
-        # features are made, so a large fleet's cleaned copy is not held to the end.
-        xs = [features(scale(cl.pop(id(e))), st["baseline"], counters + list(deltas), lanes)
-              for e in ents]
-        return make_windows(ents, xs, st["length"], ds.horizon, shift, stride), ents
+    def feats(cleaned):
+        for x in cleaned:
+            yield features(scale(x), st["baseline"], counters + list(deltas), lanes)
 
-    return win(fit_e, st["stride"]), win(val_e, 1), win(ds.test, 1)
+    def cleaned(ents):
+        for e in ents:
+            x = clean(e, counters, deltas)
+            _release(e, release_raw)
+            yield x
+
+    def win(ents, xs, stride):
+        return make_windows(ents, feats(xs), st["length"], ds.horizon, shift, stride), ents
+
+    fit = win(fit_e, (fit_rows[c] for c in cuts), st["stride"])
+    del fit_rows  # the fit windows hold its features; the cleaned rows are done with
+    release_freed()
+    out = fit, win(val_e, cleaned(val_e), 1), win(ds.test, cleaned(ds.test), 1)
+    release_freed()
+    return out
 
 
 def _choose_threshold(scores: np.ndarray, w: Windows, ents) -> float:
@@ -152,13 +189,36 @@ def _subset(w: Windows, alarm, f, keep_entity: np.ndarray) -> dict:
 
 
 def _unsupervised(name: str, fit: Windows, seed: int, cap: int = 20000):
-    """Point detectors on window summaries, fitted on windows of the healthy regime."""
+    """Point detectors on window summaries, fitted on windows of the healthy regime.
+    Windows are scored a run at a time (``Windows.parts``): the scores are the same,
+    and a large fleet's summaries never exist all at once."""
     rng = np.random.default_rng(seed)
     idx = np.flatnonzero(fit.y == 0)
     idx = np.sort(rng.choice(idx, min(cap, len(idx)), replace=False))
     det = detectors.ALL[name](seed=seed)
     det.fit_model(fit.summary(idx))  # the threshold comes from the validation entities
-    return lambda w: det.score(w.summary())
+    return lambda w: _score_parts(det, w)
+
+
+def _score_parts(det, w: Windows) -> np.ndarray:
+    out = [det.score(w.summary(part)) for part in w.parts()]
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+# The networks train on at most this many windows: beyond it, on a seeded uniform sample
+# of the fit windows (the same sample for teacher, student and LSTM). The rule looks at
+# nothing but the count, and no built-in data set reaches it (transceiver: about 58,000
+# fit windows; C-MAPSS: about 16,000); a fleet export of hundreds of MB has millions,
+# and more windows of the same fleet cost time in every epoch but add little.
+MAX_TRAIN_WINDOWS = 200_000
+
+
+def train_index(n: int, seed: int, cap: int = MAX_TRAIN_WINDOWS) -> np.ndarray:
+    """Indices of the fit windows the networks train on: all of them up to ``cap``,
+    else ``cap`` of them drawn uniformly (seeded), in order."""
+    if n <= cap:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, cap, replace=False))
 
 
 def run(
@@ -166,12 +226,15 @@ def run(
     seed: int = 0,
     cfg: fgl.TrainConfig | None = None,
     methods: list[str] | None = None,
+    release_raw: bool = False,
 ) -> dict:
+    """``release_raw``: drop each entity's raw rows once cleaned (the caller is done with
+    them; ``stalwart health eval`` is), so they are not held through training."""
     cfg = cfg or fgl.TrainConfig(seed=seed)
     if cfg.balanced is None:
         cfg = dataclasses.replace(cfg, balanced=settings(ds)["balanced"])
-    (fit, _), (val, val_e), (test, test_e) = _build(ds, seed)
-    idx = np.arange(len(fit.end))
+    (fit, _), (val, val_e), (test, test_e) = _build(ds, seed, release_raw)
+    idx = train_index(len(fit.end), seed)
     scorers = {}
     t0 = time.time()
     teacher, student = fgl.train_fgl(fit, idx, cfg)
@@ -201,6 +264,7 @@ def run(
         "horizon": ds.horizon,
         "time_unit": ds.time_unit,
         "persist": PERSIST,
+        "train_windows": {"fit": int(len(fit.end)), "trained_on": int(len(idx))},
         "entities": {
             "fit": int(len(set(fit.entity))),
             "validation": len(val_e),

@@ -37,6 +37,10 @@ class HealthConfig:
     """A node's anomaly score is recomputed at most this often (the rules run on every
     sample): one Isolation Forest score takes 5-150 ms by the machine's load, and five
     samples a second per node would outrun the service on a loaded machine."""
+    refit_min_seconds: float = 60.0
+    """The detector refits on the fleet's latest samples when most live nodes look
+    anomalous at once (the fleet moved, not a node: see ``Fleet.fit_samples``), at
+    most this often."""
     alert_repeat_seconds: float = 30.0
     peer_stale_seconds: float = 30.0
     detector: str = DEFAULT_DETECTOR
@@ -73,6 +77,7 @@ class Fleet:
         self.corrupt: dict[str, str] = {}  # node id -> why (sticky risk 1)
         self._last_alert: dict[tuple[str, str], float] = {}  # (node, kind) -> time
         self._scored: dict[str, tuple[float, float, list[str]]] = {}  # node -> (t, score, top)
+        self._fit_at: float | None = None  # when the last fit's samples were handed out
 
     # --- input ----------------------------------------------------------------------
 
@@ -91,6 +96,38 @@ class Fleet:
     @property
     def ready_to_fit(self) -> bool:
         return not self.forest.fitted and len(self.forest.pending) >= self.forest.fit_samples
+
+    def fit_samples(self, now: float) -> list[Mapping[str, float]] | None:
+        """The samples to fit the detector on now, or None when no fit is due.
+
+        First fit: the fleet's first ``fit_samples`` samples. Refit: the latest ones,
+        when more than half of the nodes heard from lately score as anomalous at once
+        and the last fit is ``refit_min_seconds`` old. Nodes of one fleet run the same
+        work, so when most of them depart together from what the detector learned, the
+        reference is stale (an idle cluster's cpu and memory gauges drift off the
+        seconds it was fitted on), not the nodes sick; one node departing from its
+        peers leaves the reference alone and stays anomalous."""
+        forest = self.forest
+        if self.ready_to_fit:
+            self._fit_at = now
+            return list(forest.pending)
+        if not forest.fitted or len(forest.recent) < forest.fit_samples:
+            return None
+        if self._fit_at is not None and now - self._fit_at < self.config.refit_min_seconds:
+            return None
+        if not self._reference_is_stale(now):
+            return None
+        self._fit_at = now
+        return list(forest.recent)
+
+    def _reference_is_stale(self, now: float) -> bool:
+        cfg = self.config
+        live = [
+            self.assessments[n] for n, w in self.windows.items()
+            if n in self.assessments and now - w.last_time <= cfg.peer_stale_seconds
+        ]  # fmt: skip
+        flagged = sum(a.anomaly >= cfg.anomaly_alert for a in live)
+        return 2 * flagged > len(live)
 
     def report_corruption(self, node_id: str, message: str, now: float) -> AlertDraft:
         """Corruption caught elsewhere: risk 1 from now on, and an alert."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from services.health.datasets import DetectionSet, Entity, Machine, PredictionSet
+from services.health.memory import release_freed
 
 SCHEMA = """\
 CSV schema (header row required, comma-separated, one row per poll):
@@ -242,9 +243,10 @@ def load(path: str, opts: CsvOptions | None = None) -> DetectionSet | Prediction
     metrics, ents, detection = read(p, opts)
     if not ents:
         raise CsvError(f"{p}: no data rows after the header")
-    if detection:
-        return _detection(p.name, metrics, ents)
-    return _prediction(p, metrics, ents, opts)
+    out = _detection(p.name, metrics, ents) if detection else _prediction(p, metrics, ents, opts)
+    del ents
+    release_freed()  # the raw rows, freed entity by entity
+    return out
 
 
 def _detection(name: str, metrics: list[str], ents: dict[str, _Rows]) -> DetectionSet:

@@ -23,6 +23,7 @@ A point-wise detector cannot tell how far beyond the training range a point lies
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -55,49 +56,68 @@ class FleetForest:
         self.seed = seed
         self.detector_name = detector
         self.pending: list[Mapping[str, float]] = []
+        # The fleet's latest samples once fitted: what a refit learns from.
+        self.recent: deque[Mapping[str, float]] = deque(maxlen=fit_samples)
         self.features: list[str] = []
         self.detector = None  # a detectors.Detector once fitted
+        self.fits = 0
 
     @property
     def fitted(self) -> bool:
         return self.detector is not None
 
     def collect(self, metrics: Mapping[str, float]) -> bool:
-        """Keep a sample for fitting; True once enough are held (call :meth:`fit`)."""
+        """Keep a sample for fitting; True once enough are held (call :meth:`fit`).
+        Once fitted, samples go to ``recent``, the window a refit learns from."""
         if self.fitted:
+            self.recent.append(dict(metrics))
             return False
         self.pending.append(dict(metrics))
         return len(self.pending) >= self.fit_samples
 
-    def fit(self) -> None:
-        features = gauge_names(self.pending)
+    def fit(self, samples: Sequence[Mapping[str, float]] | None = None) -> None:
+        """Fit on ``samples`` (a refit: a snapshot of ``recent``), else on ``pending``.
+        The new detector replaces the old one in one assignment, so a score taken
+        while a refit runs in another thread reads one whole model or the other."""
+        rows = list(self.pending if samples is None else samples)
+        features = gauge_names(rows)
         if not features:
             self.pending.clear()  # nothing usable yet: start collecting again
             return
-        x = self._matrix(self.pending, features, fill=None)
+        x = self._matrix(rows, features, fill=None)
         # Imported here: scikit-learn takes seconds to import, and the service
         # should answer before the fleet has sent enough samples to fit on.
         from services.health import detectors
 
         detector = detectors.ALL[self.detector_name](seed=self.seed).fit(x)
-        self.held_out = np.sort(detector.tail_scores)
-        self.scaler = detector.scaler
-        self.mean = self.scaler.centre  # a missing reading takes the training centre
+        # one tuple: features, detector, sorted held-out scores (see ``score``)
+        self._model = (features, detector, np.sort(detector.tail_scores))
         self.features, self.detector = features, detector
+        self.fits += 1
         self.pending.clear()
+
+    @property
+    def scaler(self):
+        return self.detector.scaler
+
+    @property
+    def held_out(self) -> np.ndarray:
+        return self._model[2]
 
     def score(self, metrics: Mapping[str, float]) -> tuple[float, list[str]]:
         """(anomaly in [0, 1], the features furthest from normal, furthest first)."""
         if self.detector is None:
             return 0.0, []
-        x = self._matrix([metrics], self.features, fill=self.mean)
-        raw = float(self.detector.score(x)[0])
-        z = self.scaler.z(x)
-        anomaly = float(np.searchsorted(self.held_out, raw, side="left")) / len(self.held_out)
+        features, detector, held_out = self._model
+        # a missing reading takes the training centre
+        x = self._matrix([metrics], features, fill=detector.scaler.centre)
+        raw = float(detector.score(x)[0])
+        z = detector.scaler.z(x)
+        anomaly = float(np.searchsorted(held_out, raw, side="left")) / len(held_out)
         if np.abs(z[0]).max() >= self.far_z:
             anomaly = 1.0
         order = np.argsort(-np.abs(z[0]))
-        top = [self.features[i] for i in order[:3] if abs(z[0][i]) >= 3.0]
+        top = [features[i] for i in order[:3] if abs(z[0][i]) >= 3.0]
         return anomaly, top
 
     @staticmethod

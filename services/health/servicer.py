@@ -105,14 +105,17 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
             ANOMALY.labels(sample.node_id).set(assessed.anomaly)
         for d in drafts:
             self._publish(KINDS[d.kind], d.node_id, d.risk, d.message, d.drain, now)
-        if self.fleet.ready_to_fit and not self._fitting:
-            self._fitting = True
-            asyncio.ensure_future(self._fit())
+        if not self._fitting:
+            samples = self.fleet.fit_samples(now)
+            if samples is not None:
+                self._fitting = True
+                asyncio.ensure_future(self._fit(samples))
 
-    async def _fit(self) -> None:
+    async def _fit(self, samples) -> None:
         try:
-            await asyncio.to_thread(self.fleet.forest.fit)
-            log.info("isolation forest fitted", features=self.fleet.forest.features)
+            await asyncio.to_thread(self.fleet.forest.fit, samples)
+            log.info("anomaly detector fitted", features=self.fleet.forest.features,
+                     fits=self.fleet.forest.fits)
         finally:
             self._fitting = False
 

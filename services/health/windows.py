@@ -8,6 +8,7 @@ teacher's "future" windows and the student's windows share memory.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +89,12 @@ class Windows:
         rows = ends[:, None] - np.arange(self.length - 1, -1, -1)[None, :]
         return self.z[torch.from_numpy(rows)]
 
+    def parts(self, size: int = 65536) -> Iterator[np.ndarray]:
+        """All window indices in runs of at most ``size``: scoring a large fleet's windows
+        a run at a time bounds the detectors' float64 copies of their inputs."""
+        for start in range(0, len(self.end), size):
+            yield np.arange(start, min(start + size, len(self.end)))
+
     def summary(self, idx: np.ndarray | None = None) -> np.ndarray:
         """Per window: last value, window mean, and last-minus-first for each channel;
         the input of the point detectors used as baselines."""
@@ -102,8 +109,10 @@ class Windows:
 class Scaler:
     """Standardise channels with statistics of the training entities only."""
 
-    def fit(self, arrays: list[np.ndarray]) -> Scaler:
-        a = np.concatenate(arrays)
+    def fit(self, arrays: list[np.ndarray] | np.ndarray) -> Scaler:
+        """From a list of per-entity arrays, or from one array of all their rows (the
+        same figures, without a second copy of the rows)."""
+        a = arrays if isinstance(arrays, np.ndarray) else np.concatenate(arrays)
         self.mu, self.sd = a.mean(axis=0), np.maximum(a.std(axis=0), 1e-6)
         return self
 
@@ -113,7 +122,7 @@ class Scaler:
 
 def make_windows(
     ents: list[Entity],
-    cleaned: list[np.ndarray],
+    cleaned: Iterable[np.ndarray],
     length: int,
     horizon: float,
     shift: int,
@@ -121,21 +130,34 @@ def make_windows(
 ) -> Windows:
     """Windows ending at every ``stride``-th sample of each entity. Each entity is padded
     in front with its first row so early samples get a window too. The teacher's window
-    ends ``shift`` samples later, but never past the entity's last sample."""
-    blocks, ends, fut, ys, ids, ts = [], [], [], [], [], []
+    ends ``shift`` samples later, but never past the entity's last sample.
+
+    ``cleaned`` (one array per entity, as many rows as its ``t``) may be a generator:
+    each array is copied into one array allocated up front and can be dropped at once,
+    so a large fleet's rows are held once, not once per entity and again joined."""
+    sizes = [len(e.t) + length - 1 for e in ents]
+    z = None
+    ends, fut, ys, ids, ts = [], [], [], [], []
     offset = 0
     for k, (e, x) in enumerate(zip(ents, cleaned, strict=True)):
         n = len(x)
-        blocks.append(np.concatenate([np.repeat(x[:1], length - 1, axis=0), x]))
+        if n != len(e.t):
+            raise ValueError(f"{e.name}: {n} cleaned rows for {len(e.t)} times")
+        if z is None:
+            z = np.empty((sum(sizes), x.shape[1]), dtype=x.dtype)
+        z[offset : offset + length - 1] = x[:1]
+        z[offset + length - 1 : offset + sizes[k]] = x
         i = np.arange(n - 1, -1, -stride)[::-1]  # always keep the last sample
         ends.append(offset + length - 1 + i)
         fut.append(offset + length - 1 + np.minimum(i + shift, n - 1))
         ys.append((e.failure_time - e.t[i] <= horizon).astype(np.int64))
         ids.append(np.full(len(i), k))
         ts.append(e.t[i])
-        offset += n + length - 1
+        offset += sizes[k]
+    if z is None:
+        raise ValueError("no entities to make windows of")
     return Windows(
-        z=torch.from_numpy(np.concatenate(blocks)),
+        z=torch.from_numpy(z),
         end=np.concatenate(ends),
         future_end=np.concatenate(fut),
         y=np.concatenate(ys),

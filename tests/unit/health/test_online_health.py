@@ -240,3 +240,61 @@ def test_the_anomaly_score_is_recomputed_at_most_every_few_seconds():
     # the rules are not throttled: a hot GPU counts on the sample that shows it
     d, _ = fleet.observe("n1", 63.0, 63, {"gpu_power_watts": 100.0, "gpu_temperature_celsius": 95})
     assert d.risk == 1.0 and d.top_signals[0] == "gpu_temperature_celsius"
+
+
+def _drive(fleet, t0, seconds, level, odd=None, odd_level=None):
+    """Four nodes, five samples a second each; ``odd`` reads ``odd_level`` instead."""
+    rng = np.random.default_rng(int(t0))
+    last = {}
+    for k in range(int(seconds * 5)):
+        t = t0 + k / 5
+        for n in ("n0", "n1", "n2", "n3"):
+            lvl = odd_level if n == odd else level
+            last[n], _ = fleet.observe(n, t, k, {
+                "cpu_percent": lvl + rng.normal(0, 0.5),
+                "system_memory_percent": lvl / 2 + rng.normal(0, 0.05)})  # fmt: skip
+    return last
+
+
+def _fit_if_due(fleet, now):
+    samples = fleet.fit_samples(now)
+    if samples is not None:
+        fleet.forest.fit(samples)
+    return samples is not None
+
+
+def test_a_fleet_drifting_together_gets_a_fresh_reference():
+    fleet = Fleet(HealthConfig(fit_samples=200, refit_min_seconds=60.0))
+    _drive(fleet, 0.0, 10, level=40.0)
+    assert _fit_if_due(fleet, 10.0) and fleet.forest.fits == 1
+    # the whole idle fleet moves off the 10 s it was fitted on: everyone looks anomalous
+    drifted = _drive(fleet, 100.0, 10, level=60.0)
+    assert all(a.anomaly == 1.0 and a.risk == pytest.approx(0.6) for a in drifted.values())
+    assert _fit_if_due(fleet, 110.0) and fleet.forest.fits == 2
+    after = _drive(fleet, 110.0, 10, level=60.0)
+    assert max(a.risk for a in after.values()) < 0.6
+    # at most one refit per refit_min_seconds, however the fleet moves meanwhile
+    _drive(fleet, 120.0, 10, level=90.0)
+    assert fleet.fit_samples(130.0) is None
+    _drive(fleet, 165.0, 6, level=90.0)
+    assert fleet.fit_samples(171.0) is not None
+
+
+def test_one_node_leaving_its_peers_keeps_the_reference_and_stays_anomalous():
+    fleet = Fleet(HealthConfig(fit_samples=200, refit_min_seconds=60.0))
+    _drive(fleet, 0.0, 10, level=40.0)
+    assert _fit_if_due(fleet, 10.0)
+    last = _drive(fleet, 100.0, 10, level=40.0, odd="n2", odd_level=70.0)
+    assert last["n2"].anomaly == 1.0
+    assert max(last[n].anomaly for n in ("n0", "n1", "n3")) < 0.995
+    assert fleet.fit_samples(110.0) is None  # one node in four: not the fleet
+    assert fleet.forest.fits == 1
+
+
+def test_no_refit_before_the_detector_has_a_full_window_of_new_samples():
+    fleet = Fleet(HealthConfig(fit_samples=200))
+    assert fleet.fit_samples(0.0) is None  # nothing collected yet
+    _drive(fleet, 0.0, 10, level=40.0)
+    assert len(fleet.fit_samples(10.0)) == 200
+    fleet.forest.fit(None)  # the pending samples, as the first fit takes them
+    assert fleet.forest.fits == 1 and fleet.fit_samples(100.0) is None  # recent is empty
