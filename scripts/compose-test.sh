@@ -31,6 +31,8 @@ PROJECT=stalwart-compose-test
 PORT_BASE=${STALWART_COMPOSE_PORT_BASE:-27100}
 WORK=$(mktemp -d /tmp/stalwart-compose.XXXXXX)
 STARTED_ENGINE=0
+NET_BEFORE=
+T0=$SECONDS
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
 
 log() { echo "[compose-test $(date -u +%H:%M:%S)] $*" >&2; }
@@ -65,18 +67,56 @@ start_engine() {
   done
 }
 
+engine_pids() {  # containerd and the shims of the engine started here, found by its folder
+  local p
+  for p in /proc/[0-9]*; do
+    [[ $(cat "$p/comm" 2>/dev/null) == containerd* ]] || continue
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$ENGINE/" && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+stop_pids() {  # PID...: TERM, up to 60 s for all to exit, then KILL
+  (($#)) || return 0
+  kill "$@" 2>/dev/null || true
+  local pid alive
+  for _ in $(seq 60); do
+    alive=0
+    for pid in "$@"; do if kill -0 "$pid" 2>/dev/null; then alive=1; fi; done
+    ((alive)) || return 0
+    sleep 1
+  done
+  kill -9 "$@" 2>/dev/null || true
+}
+
 stop_engine() {
   [[ $STARTED_ENGINE == 1 ]] || return 0
-  local pid containerd
+  local pid
   pid=$(cat "$ENGINE/dockerd.pid" 2>/dev/null || true)
-  containerd=$(cat "$ENGINE/exec/containerd/containerd.pid" 2>/dev/null || true)
-  log "stopping dockerd ${pid:-?} (and its containerd ${containerd:-?})"
-  [[ -n $pid ]] && kill "$pid" 2>/dev/null || true
-  for _ in $(seq 60); do [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-  [[ -n $pid ]] && kill -9 "$pid" 2>/dev/null || true
-  [[ -n $containerd ]] && kill "$containerd" 2>/dev/null || true
+  log "stopping dockerd ${pid:-?}, then its containerd and shims"
+  if [[ -n $pid ]]; then stop_pids "$pid"; fi
+  # shellcheck disable=SC2046
+  stop_pids $(engine_pids)
   # Nothing of the engine stays mounted (overlay layers, the exec-root's netns).
   grep -o " $ENGINE/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" || true; done
+  local procs mounts
+  procs=$(engine_pids | tr '\n' ' ')
+  mounts=$(grep -c " $ENGINE/" /proc/mounts || true)
+  if [[ -n $procs || $mounts != 0 ]]; then
+    log "error: the engine left processes [$procs] and $mounts mounts"
+    return 1
+  fi
+}
+
+# --------------------------------------------------------- host networking
+# What an engine could change in the host's network: its links (docker0, br-*),
+# iptables chains or rules naming DOCKER, IP forwarding. Read before the engine
+# starts and after it stops; a difference fails the run. (Other links are not
+# compared: other work on the machine may make its own.)
+host_net() {
+  ip -o link show | awk -F': ' '{print $2}' | grep -E '^(docker[0-9]|br-[0-9a-f]{12})' || true
+  iptables-save 2>/dev/null | grep -i docker || true
+  echo "ip_forward=$(cat /proc/sys/net/ipv4/ip_forward)"
 }
 
 # ------------------------------------------------------------------ images
@@ -84,7 +124,7 @@ build() {  # TAG TARGET DOCKERFILE CONTEXT: one image, timed into the report
   local tag=$1 target=$2 file=$3 context=$4 t0
   t0=$(date +%s)
   log "building $tag (target $target)"
-  nice -n 10 docker build --network host -q -f "$file" --target "$target" -t "$tag" \
+  nice -n 10 docker build --network host --force-rm -q -f "$file" --target "$target" -t "$tag" \
     --build-arg BASE_IMAGE="$BASE" \
     --build-arg PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}" \
     --build-arg PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
@@ -116,6 +156,16 @@ build_images() {
 # ----------------------------------------------------------------- compose
 compose() { docker-compose -p "$PROJECT" -f "$WORK/hostnet/docker-compose.yml" "$@"; }
 
+remove_leftovers() {  # the project's containers and volumes that `down` left behind
+  local ids
+  ids=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" 2>/dev/null || true)
+  # shellcheck disable=SC2086
+  if [[ -n $ids ]]; then docker rm -fv $ids >/dev/null 2>&1 || true; fi
+  ids=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT" 2>/dev/null || true)
+  # shellcheck disable=SC2086
+  if [[ -n $ids ]]; then docker volume rm -f $ids >/dev/null 2>&1 || true; fi
+}
+
 teardown() {
   local rc=$?
   trap - EXIT INT TERM
@@ -130,10 +180,17 @@ teardown() {
       tail -150 "$WORK/compose-logs.txt" >&2 || true
     fi
     log "compose down"
-    compose --profile tools down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
+    timeout 300 docker-compose -p "$PROJECT" -f "$WORK/hostnet/docker-compose.yml" \
+      --profile tools down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
   fi
-  stop_engine
+  if engine_answers; then remove_leftovers; fi
+  stop_engine || rc=1
+  if [[ -n $NET_BEFORE && $(host_net) != "$NET_BEFORE" ]]; then
+    log "error: the host's networking changed: before [$NET_BEFORE] after [$(host_net)]"
+    rc=1
+  fi
   rm -rf "$WORK"
+  if [[ $rc -eq 0 ]]; then log "passed in $((SECONDS - T0)) s"; else log "failed after $((SECONDS - T0)) s"; fi
   exit "$rc"
 }
 
@@ -155,6 +212,7 @@ main() {
   exec 9>"$CACHE/compose-test.lock"
   flock -w 3600 9 || die "another compose-test holds $CACHE/compose-test.lock"
   ensure_compose
+  NET_BEFORE=$(host_net)
   start_engine
   local t0=$SECONDS
   build_images
