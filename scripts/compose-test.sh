@@ -20,7 +20,7 @@
 # /var/cache/stalwart): the engine's data-root (images and build layers) and the
 # base image's tarball. Measurements go to $STALWART_CACHE/reports/.
 # Environment: STALWART_COMPOSE_PORT_BASE (default 27100; ports base..base+220 on
-# 127.0.0.1), STALWART_COMPOSE_STEPS (the job's steps, default 400),
+# 127.0.0.1), STALWART_COMPOSE_STEPS (the job's steps, default 100),
 # STALWART_COMPOSE_KEEP=1 (leave the stack up for a look; `down` it yourself).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -220,7 +220,7 @@ main() {
   .venv/bin/python scripts/compose/hostnet.py "$WORK/hostnet" --port-base "$PORT_BASE"
   ports_free
   .venv/bin/python scripts/compose/drive.py --work "$WORK" --project "$PROJECT" \
-    --steps "${STALWART_COMPOSE_STEPS:-400}" --report "$CACHE/reports/compose-test.json"
+    --steps "${STALWART_COMPOSE_STEPS:-100}" --report "$CACHE/reports/compose-test.json"
   docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' 'stalwart/*' | sort >&2
   cp "$WORK/build-seconds.txt" "$CACHE/reports/build-seconds.txt"
 }

@@ -329,7 +329,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--project", required=True)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--report", type=Path, required=True)
     args = parser.parse_args()
     stack, report = Stack(args.work, args.project), {"steps": args.steps}
