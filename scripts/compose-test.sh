@@ -139,7 +139,9 @@ build_images() {
   if [[ -z ${STALWART_BASE_IMAGE:-} ]]; then
     STALWART_CACHE=$CACHE nice -n 10 scripts/compose/base-image.sh import "$BASE"
   fi
-  for target in coordinator paramserver health trainer; do
+  # `wheel` is no image anyone runs: tagged so that the prune below keeps its layers
+  # (grpcio-tools) as cache.
+  for target in wheel coordinator paramserver health trainer; do
     build "stalwart/$target:dev" "$target" deploy/docker/Dockerfile .
   done
   # The backends' context: the Ignite launcher (Maven) and the script that runs it.
@@ -151,6 +153,9 @@ build_images() {
   for target in redis ignite prometheus; do
     build "stalwart/$target:dev" "$target" deploy/docker/backends.Dockerfile "$ctx"
   done
+  # The images these builds untagged (layers of an older pyproject.toml or Dockerfile):
+  # removed, so the cache keeps one generation (~7 GB) instead of growing by one per change.
+  log "$(docker image prune -f 2>&1 | tail -1)"
 }
 
 # ----------------------------------------------------------------- compose
