@@ -10,11 +10,12 @@
 #     Prometheus from the same base (deploy/docker/backends.Dockerfile);
 #  4. the compose file's host-network variant (scripts/compose/hostnet.py): up,
 #     every healthcheck healthy, Prometheus scraping every service;
-#  5. a job submitted from the CLI container; a trainer container and the leader
-#     coordinator's container killed while it runs; the job SUCCEEDED and its
+#  5. a job submitted from the CLI container; a trainer and the leader coordinator
+#     crashed (kill -9 of their containers' process) while it runs; SUCCEEDED, its
 #     weights bitwise equal to a one-process reference run (scripts/compose/drive.py);
 #  6. everything torn down (trap): the compose project, its volumes, the engine
-#     when started here. Images stay: they are the build cache.
+#     when started here (checked: no process, mount or host network change left).
+#     Images stay: they are the build cache.
 #
 # The cache lives outside the clone, in $STALWART_CACHE (default
 # /var/cache/stalwart): the engine's data-root (images and build layers) and the
