@@ -56,6 +56,10 @@ STATUS_TIMEOUT_S = 1.0
 PAST_RETRIES = 5  # on-command orders re-aimed when a commit overtook them
 
 
+class NotHeldYet(StalwartError):
+    """A shard primary does not hold the job yet (its model was not registered there)."""
+
+
 class Checkpoints:
     def __init__(
         self,
@@ -176,6 +180,10 @@ class Checkpoints:
             # aimed again once the store work is done, at the version the primaries
             # hold then: a fast job would otherwise overtake a catch-up order
             await self.save(job_id, lambda now: self._aim(job, now, announce=True))
+        except NotHeldYet as exc:
+            # a new job whose model has not reached its paramservers yet: asked again
+            # next tick, and no order failed (the back-off of _failed stays as it was)
+            log.debug("periodic checkpoint waits for the model", job=job_id, error=str(exc))
         except StalwartError as exc:
             if exc.kind.reason != "NOT_LEADER":
                 self._failed(job_id, exc)
@@ -243,13 +251,11 @@ class Checkpoints:
             self._call(address, "GetReplicaStatus", paramserver.GetReplicaStatusRequest(),
                        STATUS_TIMEOUT_S) for _, address, _ in targets
         ))  # fmt: skip
-        versions = []
-        for answer in answers:
-            version = next((j.version for j in answer.jobs if j.job_id == job_id), None)
-            if version is None:
-                raise StalwartError(ErrorKind.UNAVAILABLE, f"a primary does not hold {job_id} yet")
-            versions.append(version)
-        return max(versions) if highest else min(versions)
+        versions = [next((j.version for j in a.jobs if j.job_id == job_id), None) for a in answers]
+        version = ckptplan.job_version(versions, highest)
+        if version is None:
+            raise NotHeldYet(ErrorKind.UNAVAILABLE, f"a primary does not hold {job_id} yet")
+        return version
 
     async def save(
         self, job_id: str, at: int | Callable[[int], int | None]

@@ -60,6 +60,16 @@ def next_order(
     return Order(at, passed) if at <= steps else None
 
 
+def job_version(versions: Sequence[int | None], highest: bool = False) -> int | None:
+    """A job's version over the answers of its shard primaries (``None``: that primary
+    does not hold the job). ``None`` while any primary does not hold it yet: a new job's
+    model has not reached every paramserver, which is waited for, not a failed order.
+    The lowest version otherwise (what every shard can snapshot), or the highest."""
+    if not versions or any(v is None for v in versions):
+        return None
+    return max(versions) if highest else min(versions)
+
+
 def checkpoint_id(job_id: str, step: int) -> str:
     """Unique across jobs and re-saves of one step (a restore rewinds and training
     passes the same steps again); sorts by step as text within a job."""
