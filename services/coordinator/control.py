@@ -83,6 +83,9 @@ class Control:
         self._dirty_errors: set[str] = set()  # job ids whose user-error counts changed
         self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
         self.task_errors = taskerrors.TaskErrors()
+        # the cluster's recovery counts by kind, as stored (metrics.RecoveryCounts exports
+        # them while leading); replaced whole by each flush that counts one
+        self.recoveries: dict[str, int] = {}
         # node id -> why its drain started, until the NODE_DRAINED event names it. Never
         # outlives the call that starts the drain (placement vacates a DRAINING node's
         # work in the same reconcile), so the stored event carries it to a new leader.
@@ -119,6 +122,8 @@ class Control:
         ]
         errors_out = self._errors_out()
         events = self.events.take_pending()
+        found = metrics.outcomes(events)
+        recoveries = metrics.counted(self.recoveries, found)
         self._dirty_jobs.clear(), self._dirty_nodes.clear(), self._dirty_groups.clear()
 
         def write() -> None:
@@ -130,6 +135,8 @@ class Control:
                 self.state.put_group(epoch, shard, primary, group_epoch, lost)
             for job_id, entries in errors_out:
                 self.state.put_task_errors(epoch, job_id, entries)
+            if recoveries != self.recoveries:  # with the events that complete them
+                self.state.put_recoveries(epoch, recoveries)
             self.state.append_events(epoch, events, self.settings.events_kept)
 
         try:
@@ -140,7 +147,8 @@ class Control:
                 ErrorKind.NOT_LEADER, "deposed: a newer coordinator leads"
             ) from None
         self.events.publish(events)
-        metrics.record_events(events)
+        self.recoveries = recoveries
+        metrics.observe(found)
 
     def _errors_out(self) -> list[tuple[str, list]]:
         """(job id, user-error counts) to write ([] drops the key); the counts of a job
@@ -222,7 +230,8 @@ class Control:
         """Elected: fence older epochs, reload everything, grant fresh leases, announce."""
         async with self.lock:
             await self.io(self.state.take_over, epoch)
-            jobs_in, nodes_in, groups, last, errors = await self.io(self._read_all)
+            jobs_in, nodes_in, groups, last, errors, recoveries = await self.io(self._read_all)
+            self.recoveries = recoveries  # the old leaders' count goes on
             now = time.time()
             self.jobs = {j.job_id: job_from_proto(j) for j in jobs_in}
             self.task_errors = taskerrors.TaskErrors()
@@ -245,7 +254,7 @@ class Control:
 
     def _read_all(self):
         s = self.state
-        return s.jobs(), s.nodes(), s.groups(), s.last_sequence(), s.task_errors()
+        return s.jobs(), s.nodes(), s.groups(), s.last_sequence(), s.task_errors(), s.recoveries()
 
     def _restore_standbys(self, nodes_in) -> None:
         for n in nodes_in:

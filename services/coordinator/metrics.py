@@ -6,6 +6,15 @@ plain code fed the events the leader publishes, and says which recovery each
 one completes and how long it took from the fault's detection, so the series
 count exactly what ``stalwart events`` and the demo report show. Labels take
 closed sets of values, pre-filled so every series exists from the first scrape.
+
+``stalwart_coordinator_recoveries_total`` is the cluster's count, kept in the
+coordination store with the rest of the leader's state (``Control.recoveries``,
+written in the same flush as the events that complete them): a new leader goes
+on from the stored count, so a crashed leader takes none of it along. Only the
+leader exports it (:class:`RecoveryCounts`); a standby exports no sample, so a
+sum over the coordinators counts each recovery once, and the series of a
+process only ever rises while it is exported. The duration histogram stays
+per process (observed by the replica that did the work).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.coordinator.membership import NodeState, Role
 from stalwart.api import common
@@ -43,11 +52,6 @@ LEADER_CHANGES = Counter(
     "stalwart_coordinator_leader_changes_seen_total",
     "Times this replica saw itself become leader or stop being leader.",
 )
-RECOVERIES = Counter(
-    "stalwart_coordinator_recoveries_total",
-    "Recoveries carried out, by kind (counted when the work resumed).",
-    ["kind"],
-)
 RECOVERY_SECONDS = Histogram(
     "stalwart_coordinator_recovery_seconds",
     "From the fault's detection (lease lapsed, node declared dead, drain asked) to "
@@ -63,7 +67,6 @@ QUARANTINES = Counter(
 )
 
 for _kind in RECOVERY_KINDS:
-    RECOVERIES.labels(_kind)
     RECOVERY_SECONDS.labels(_kind)
 for _reason in QUARANTINE_REASONS:
     QUARANTINES.labels(_reason)
@@ -74,8 +77,11 @@ for _reason in QUARANTINE_REASONS:
 
 @dataclass(frozen=True)
 class Recovered:
+    """One finished recovery; ``seconds`` None when its duration is measured elsewhere
+    (leader_elected: by the election, :func:`leader_elected`)."""
+
     kind: str
-    seconds: float
+    seconds: float | None
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,8 @@ class RecoveryClock:
       attribute) to the promotion.
     - checkpoint_restored: from the shard group's loss to the restore.
     - node_drained: from the drain being asked (:meth:`drain_started`) to drained.
+    - leader_elected: a leader's take-over at an epoch above 1 (the first leader a
+      store ever had replaced nobody); timed by the election, not here.
     A start this leader did not see (it happened under the previous leader)
     counts from the recovery's own event.
     """
@@ -169,6 +177,9 @@ class RecoveryClock:
         elif k == common.EVENT_KIND_NODE_DRAINED:
             start = self.drain_at.pop(e.node_id, t)
             yield Recovered("node_drained", max(0.0, t - start))
+        elif k == common.EVENT_KIND_LEADER_ELECTED:
+            if int(e.attributes.get("epoch", "0") or 0) > 1:
+                yield Recovered("leader_elected", None)
         elif k == common.EVENT_KIND_NODE_QUARANTINED:
             yield Quarantined(quarantine_reason(e.attributes.get("reason", "") or e.message))
         elif k == common.EVENT_KIND_JOB_STATE_CHANGED and e.attributes.get("state") in (
@@ -189,14 +200,27 @@ def _bound(d: dict) -> None:
 CLOCK = RecoveryClock()
 
 
-def record_events(events: Iterable[common.Event]) -> None:
-    """Count what the leader's published events say was recovered or quarantined."""
-    for outcome in CLOCK.feed(events):
+def outcomes(events: Iterable[common.Event]) -> list[Outcome]:
+    """What the leader's events (about to be stored) say was recovered or quarantined."""
+    return list(CLOCK.feed(events))
+
+
+def counted(totals: dict[str, int], found: Iterable[Outcome]) -> dict[str, int]:
+    """The cluster's recovery counts ``totals`` plus the recoveries in ``found``."""
+    out = dict(totals)
+    for outcome in found:
         if isinstance(outcome, Recovered):
-            RECOVERIES.labels(outcome.kind).inc()
-            RECOVERY_SECONDS.labels(outcome.kind).observe(outcome.seconds)
-        else:
+            out[outcome.kind] = out.get(outcome.kind, 0) + 1
+    return out
+
+
+def observe(found: Iterable[Outcome]) -> None:
+    """This process's durations and quarantines, once the events are stored."""
+    for outcome in found:
+        if isinstance(outcome, Quarantined):
             QUARANTINES.labels(outcome.reason).inc()
+        elif outcome.seconds is not None:
+            RECOVERY_SECONDS.labels(outcome.kind).observe(outcome.seconds)
 
 
 def drain_started(node_id: str) -> None:
@@ -205,9 +229,9 @@ def drain_started(node_id: str) -> None:
 
 def leader_elected(token: int, seconds: float) -> None:
     """A replica took the lease and serves with the stored state ``seconds`` after
-    finding it free. The first leader a store ever had (token 1) replaced nobody."""
+    finding it free. The first leader a store ever had (token 1) replaced nobody.
+    Counted from the take-over's LEADER_ELECTED event (:class:`RecoveryClock`)."""
     if token > 1:
-        RECOVERIES.labels("leader_elected").inc()
         RECOVERY_SECONDS.labels("leader_elected").observe(seconds)
 
 
@@ -247,6 +271,35 @@ class NodeCounts:
         )
 
 
+class RecoveryCounts:
+    """``stalwart_coordinator_recoveries_total{kind}``: the cluster's stored count,
+    exported by the leader only (every kind, from 0); nothing on a standby."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [self._family()]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        family = self._family()
+        if self.control.epoch:
+            totals = dict(self.control.recoveries)  # replaced whole, never changed in place
+            for kind in RECOVERY_KINDS:
+                family.add_metric([kind], totals.get(kind, 0))
+        return [family]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "stalwart_coordinator_recoveries",
+            "Recoveries carried out in the cluster, by kind (counted when the work "
+            "resumed; kept in the coordination store, so failovers lose none; on the "
+            "leader only).",
+            labels=["kind"],
+        )
+
+
 def watch(control: Control) -> None:
     """Read leadership and membership from ``control`` at every scrape (once per process)."""
     IS_LEADER.set_function(
@@ -254,3 +307,4 @@ def watch(control: Control) -> None:
     )
     EPOCH.set_function(lambda: control.leader.epoch)
     REGISTRY.register(NodeCounts(control))
+    REGISTRY.register(RecoveryCounts(control))

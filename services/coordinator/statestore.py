@@ -4,6 +4,8 @@ Keys (under an optional prefix, so several clusters can share one store):
 
     coordinator/leader      the leader lease (fencing token = coordinator epoch)
     coordinator/epoch       highest epoch that has taken over; only ever grows
+    coordinator/recoveries  JSON: the cluster's recovery counts by kind (the
+                            stalwart_coordinator_recoveries_total the leader exports)
     jobs/<job_id>           serialized stalwart.v1.Job
     nodes/<node_id>         serialized stalwart.v1.Node
     groups/<shard>          JSON: recorded primary node id and epoch of a shard group;
@@ -41,6 +43,7 @@ from stalwart.stores import Store
 
 LEASE_NAME = "coordinator/leader"
 EPOCH_KEY = "coordinator/epoch"
+RECOVERIES_KEY = "coordinator/recoveries"
 REQUEST_RETENTION_S = 24 * 3600.0  # how long a request id's answer is kept for retries
 TRIM_EVERY = 100  # request-id writes between two sweeps of expired ones
 
@@ -129,6 +132,14 @@ class StateStore:
     def checkpoint_count(self, job_id: str) -> int:
         raw = self.store.kv_get(self.key(f"checkpoints/{job_id}"))
         return int(json.loads(raw)["taken"]) if raw else 0
+
+    def put_recoveries(self, epoch: int, counts: dict[str, int]) -> None:
+        self.check(epoch)
+        self.store.kv_put(self.key(RECOVERIES_KEY), json.dumps(counts, sort_keys=True).encode())
+
+    def recoveries(self) -> dict[str, int]:
+        raw = self.store.kv_get(self.key(RECOVERIES_KEY))
+        return {str(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
 
     def put_task_errors(self, epoch: int, job_id: str, entries: list | None) -> None:
         """A job's user-error counts (plain data); None or empty drops them."""

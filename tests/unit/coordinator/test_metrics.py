@@ -13,6 +13,7 @@ from services.coordinator.metrics import (
     Quarantined,
     Recovered,
     RecoveryClock,
+    counted,
     quarantine_reason,
 )
 from services.coordinator.settings import CoordinatorSettings
@@ -122,3 +123,20 @@ def test_election_takes_the_lease_from_its_own_backend(tmp_path):
     assert list(api.objects) == ["stalwart-coordinator-leader"]
     assert store.get_lease(state.lease_name) is None  # the state store's lease is untouched
     store.close()
+
+
+def test_a_takeover_above_the_first_epoch_is_a_recovery_timed_elsewhere():
+    c = RecoveryClock()
+    first = event(EV.EVENT_KIND_LEADER_ELECTED, 1.0, epoch=1)
+    second = event(EV.EVENT_KIND_LEADER_ELECTED, 5.0, epoch=2)
+    assert run(c, first) == []  # the store's first leader replaced nobody
+    assert run(c, second) == [Recovered("leader_elected", None)]
+
+
+def test_recovery_counts_add_to_the_stored_ones():
+    stored = {"leader_elected": 2, "node_drained": 1}
+    found = [Recovered("leader_elected", None), Recovered("trainer_replaced", 1.0),
+             Quarantined("crc"), Recovered("trainer_replaced", 2.0)]  # fmt: skip
+    assert counted(stored, found) == {"leader_elected": 3, "node_drained": 1,
+                                      "trainer_replaced": 2}  # fmt: skip
+    assert stored == {"leader_elected": 2, "node_drained": 1}  # a new dict: the old one stays
