@@ -443,9 +443,21 @@ S = TypeVar("S", bound=ServiceSettings)
 
 
 def settings_or_exit(cls: type[S], argv: Sequence[str] | None = None) -> S:
-    """``cls.from_args(argv)``, printing validation errors and exiting 2 like argparse."""
+    """``cls.from_args(argv)``, printing validation errors (one line each) and exiting 2
+    like argparse."""
     try:
         return cls.from_args(argv)
     except pydantic.ValidationError as exc:
-        print(f"Error: invalid settings\n{exc}", file=sys.stderr)
+        for line in settings_errors(exc):
+            print(f"Error: invalid settings: {line}", file=sys.stderr)
         sys.exit(2)
+
+
+def settings_errors(exc: pydantic.ValidationError) -> list[str]:
+    """One line per failed setting: ``name: why`` (just ``why`` for a check across fields)."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        why = str(error.get("msg", "")).removeprefix("Value error, ")
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        lines.append(f"{where}: {why}" if where else why)
+    return lines

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.coordinator.detector import DetectorConfig
+from services.coordinator.statestore import check_prefix
 from stalwart.settings import ServiceSettings
 
 
@@ -15,7 +16,8 @@ class CoordinatorSettings(ServiceSettings):
     """Coordination store shared by every coordinator replica (shm://, redis://, ignite://)."""
 
     store_prefix: str = ""
-    """Key prefix in the store, so several clusters can share one store."""
+    """Key prefix in the store, so several clusters can share one store (at most 181
+    characters of A-Z a-z 0-9 . _ : @ = + - /: statestore.MAX_PREFIX_CHARS)."""
 
     advertise_address: str = ""
     """host:port other processes dial to reach this replica; default: the bound address."""
@@ -119,6 +121,11 @@ class CoordinatorSettings(ServiceSettings):
     @property
     def checkpoint_store_url(self) -> str:
         return self.checkpoint_url or self.store_url
+
+    @field_validator("store_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        return check_prefix(value)
 
     @model_validator(mode="after")
     def _check_timings(self) -> Self:

@@ -4,7 +4,7 @@ Keys (under an optional prefix, so several clusters can share one store):
 
     coordinator/leader      the leader lease (fencing token = coordinator epoch)
     coordinator/epoch       highest epoch that has taken over; only ever grows
-    coordinator/recoveries  JSON: the cluster's recovery counts by kind (the
+    recoveries              JSON: the cluster's recovery counts by kind (the
                             stalwart_coordinator_recoveries_total the leader exports)
     jobs/<job_id>           serialized stalwart.v1.Job
     nodes/<node_id>         serialized stalwart.v1.Node
@@ -35,15 +35,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 
 from stalwart.api import common, coordinator
 from stalwart.stores import Store
+from stalwart.stores.common import MAX_KEY_CHARS
 
 LEASE_NAME = "coordinator/leader"
 EPOCH_KEY = "coordinator/epoch"
-RECOVERIES_KEY = "coordinator/recoveries"
+RECOVERIES_KEY = "recoveries"
+# The longest prefix every fixed key still fits under (store keys are at most
+# MAX_KEY_CHARS): 181, set by "<prefix>/coordinator/leader".
+MAX_PREFIX_CHARS = MAX_KEY_CHARS - 1 - max(map(len, (LEASE_NAME, EPOCH_KEY, RECOVERIES_KEY)))
+_PREFIX_RE = re.compile(r"[A-Za-z0-9._:@=+/-]*")
 REQUEST_RETENTION_S = 24 * 3600.0  # how long a request id's answer is kept for retries
 TRIM_EVERY = 100  # request-id writes between two sweeps of expired ones
 
@@ -55,6 +61,24 @@ class Fenced(Exception):
         super().__init__(f"coordinator epoch {mine} is fenced by {stored}")
         self.mine = mine
         self.stored = stored
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if every key of the state fits under it; ValueError saying why not.
+
+    Checked when the settings are parsed: a prefix too long makes an invalid
+    leader lease name on every store, found otherwise only by each election."""
+    if not _PREFIX_RE.fullmatch(prefix) or "//" in prefix.strip("/"):
+        raise ValueError(
+            f"store prefix {prefix[:40]!r} may hold only A-Z a-z 0-9 . _ : @ = + - / (no '//')"
+        )
+    n = len(prefix.strip("/"))
+    if n > MAX_PREFIX_CHARS:
+        raise ValueError(
+            f"store prefix is {n} characters, at most {MAX_PREFIX_CHARS}: store keys are at "
+            f"most {MAX_KEY_CHARS} and the leader lease's is '<prefix>/{LEASE_NAME}'"
+        )
+    return prefix
 
 
 class StateStore:

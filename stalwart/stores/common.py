@@ -226,7 +226,8 @@ def verify_chunk(expected_hash: str, data: bytes | memoryview) -> None:
 # ------------------------------------------------------------------------- names
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}")
-_KEY_RE = re.compile(r"[A-Za-z0-9._:@=+/-]{1,200}")
+MAX_KEY_CHARS = 200  # of a KV key, lease name or holder
+_KEY_RE = re.compile(rf"[A-Za-z0-9._:@=+/-]{{1,{MAX_KEY_CHARS}}}")
 MAX_VALUE_BYTES = 512 << 20
 
 
