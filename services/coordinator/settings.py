@@ -22,8 +22,10 @@ class CoordinatorSettings(ServiceSettings):
     advertise_address: str = ""
     """host:port other processes dial to reach this replica; default: the bound address."""
 
-    leader_ttl_seconds: float = Field(default=1.0, gt=0)
-    """TTL of the leader lease; a dead leader is replaced about this long after it dies."""
+    leader_ttl_seconds: float = Field(default=3.0, gt=0)
+    """TTL of the leader lease: a leader that cannot renew for this long (less the
+    margin) stops acting, and a paused leader, or on redis:// and ignite:// a dead
+    one, is replaced about this long after (shm:// sees a dead holder at once)."""
 
     leader_renew_seconds: float = Field(default=0.25, gt=0)
     """How often the leader renews its lease."""

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.statestore import Fenced, StateStore
 from stalwart.api import coordinator
 from stalwart.client import CoordinatorClient
@@ -18,6 +19,8 @@ from tests.helpers import assert_eventually_async
 from tests.integration.coordinator.support import call, job_spec, status_of, wait_leader
 
 pytestmark = pytest.mark.timeout(240)
+
+TTL_S = CoordinatorSettings().leader_ttl_seconds  # the default the processes run with
 
 
 async def _two(cluster):
@@ -69,8 +72,8 @@ async def test_kill_leader_standby_takes_over_with_the_stored_jobs(cluster):
 
 
 async def test_kill_leader_on_redis(redis_cluster):
-    # Redis has no process-bound lock: the lease must lapse (TTL 1 s) first.
-    await _failover_after_kill(redis_cluster, limit_s=2.5)
+    # Redis has no process-bound lock: the lease must lapse (its TTL) first.
+    await _failover_after_kill(redis_cluster, limit_s=TTL_S + 1.5)
 
 
 async def test_deposed_leader_cannot_command(cluster):
