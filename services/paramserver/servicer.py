@@ -587,15 +587,15 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             self._sessions.pop(task, None)
 
     async def close_streams(self) -> None:
-        """At shutdown: the replication streams this replica serves end once their
-        running commits finished (they would hold the server's stop for its whole
-        grace), and its own streams to its backups close."""
+        """At shutdown: the replication streams this replica serves as a backup end
+        once their running commits finished (open, they would hold the server's stop
+        for its whole grace). Its own streams to its backups stay open: pushes in
+        flight here are still replicated and answered within the grace."""
         sessions = dict(self._sessions)
         if sessions:
             await asyncio.gather(*(s.drain() for s in sessions.values()))
         for task in sessions:
             task.cancel()
-        self.replicator.close()
 
     @rpc_handler
     async def InstallState(self, request_iterator, context):
