@@ -4,9 +4,13 @@
 
 1. ``stalwart up --standbys 0`` as a subprocess: seconds from its start until it returns
    (everything serving and registered with the leader);
-2. a digits-cnn job on every trainer; at step 5 ``kill -9`` of ``trainer-1``'s process
-   group: seconds until the job's step moves on (nothing restarts a trainer in
-   ``stalwart up``; the dead trainer's slot spills onto the survivors, elastic slots);
+2. a digits-cnn job on every trainer; after step 5, just after a step is committed
+   (the coordinator's events), ``kill -9`` of ``trainer-1``'s process group
+   (``trainer-0`` with ``--trainers 1``): seconds until the next committed step and
+   the one after (the next may have been pushed for before the kill). Nothing
+   restarts a trainer in ``stalwart up``: with 2 or more trainers the dead one's slot
+   spills onto the survivors (elastic slots) and the stand-in of 3. starts afterwards;
+   with 1, the stand-in starts as soon as the trainer is gone and the step waits for it;
 3. a stand-in for it (``LocalCluster.replace``, from the state file, as a later
    command would): seconds until it serves and seconds until the leader lists it alive;
 4. ``stalwart down``: seconds, and whether any process of the run is left.
@@ -29,6 +33,7 @@ from pathlib import Path
 from stalwart import cluster
 from stalwart.api import coordinator
 from stalwart.client.coordinator import CoordinatorClient
+from stalwart.demo.watch import EventRecorder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +47,24 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+async def stand_in_for(local: cluster.LocalCluster, client: CoordinatorClient, name: str) -> dict:
+    """Start the stand-in of ``name`` once it is gone; seconds until it serves and until
+    the leader lists it alive."""
+    while local.alive(name):
+        await asyncio.sleep(0.01)
+    started = time.monotonic()
+    member = await asyncio.to_thread(local.replace, name)
+    serving = time.monotonic() - started
+    while True:
+        nodes = await client.all_nodes()
+        if any(n.node_id == member.name and n.state == coordinator.NODE_STATE_ALIVE
+               for n in nodes):  # fmt: skip
+            break
+        await asyncio.sleep(0.01)
+    return {"replacement_serving_s": round(serving, 3),
+            "replacement_registered_s": round(time.monotonic() - started, 3)}  # fmt: skip
+
+
 async def kill_and_replace(run_dir: Path, trainers: int) -> dict:
     local = cluster.load(run_dir)
     out: dict = {}
@@ -49,31 +72,29 @@ async def kill_and_replace(run_dir: Path, trainers: int) -> dict:
         spec = coordinator.JobSpec(model="digits-cnn", num_slots=trainers, steps=100_000,
                                    batch_size=16, seed=0)  # fmt: skip
         job = await client.create_job(spec)
-        while (job := await client.get_job(job.job_id)).step < 5:
-            await asyncio.sleep(0.02)
-        victim = local.member("trainer-1")
-        step = job.step
-        killed = time.monotonic()
-        os.killpg(victim.pid, signal.SIGKILL)
-        while (now := (await client.get_job(job.job_id)).step) <= step:
-            await asyncio.sleep(0.01)
-        out["kill_to_next_step_s"] = round(time.monotonic() - killed, 3)
-        while now <= step + 1:  # the first step the dead trainer cannot have pushed for
-            await asyncio.sleep(0.01)
-            now = (await client.get_job(job.job_id)).step
-        out["kill_to_second_step_s"] = round(time.monotonic() - killed, 3)
-        while local.alive("trainer-1"):
-            await asyncio.sleep(0.01)
-        started = time.monotonic()
-        member = await asyncio.to_thread(local.replace, "trainer-1")
-        out["replacement_serving_s"] = round(time.monotonic() - started, 3)
-        while True:
-            nodes = await client.all_nodes()
-            if any(n.node_id == member.name and n.state == coordinator.NODE_STATE_ALIVE
-                   for n in nodes):  # fmt: skip
-                break
-            await asyncio.sleep(0.01)
-        out["replacement_registered_s"] = round(time.monotonic() - started, 3)
+        recorder = EventRecorder(client, job.job_id)  # STEP_COMMITTED as they come
+        watch = asyncio.create_task(recorder.run())
+        try:
+            assert await recorder.wait_step(5, 300), "the job did not reach step 5"
+            assert await recorder.wait_step(recorder.step + 1, 30)  # kill just after a commit
+            victim = local.member("trainer-1" if trainers > 1 else "trainer-0")
+            stand_in_of = stand_in_for(local, client, victim.name)
+            step = recorder.step
+            killed = time.monotonic()
+            os.killpg(victim.pid, signal.SIGKILL)
+            # One trainer: nobody else can compute its slot, so the stand-in starts at
+            # once and the step waits for it. More: the slot spills onto the survivors.
+            stand_in = None if trainers > 1 else asyncio.create_task(stand_in_of)
+            assert await recorder.wait_step(step + 1, 300), "no step after the kill"
+            out["kill_to_next_step_s"] = round(time.monotonic() - killed, 3)
+            # the next step may have been pushed for before the kill (a trainer pulls
+            # step + 1 as it pushes step): the one after is the first it cannot have
+            assert await recorder.wait_step(step + 2, 300), "no second step after the kill"
+            out["kill_to_second_step_s"] = round(time.monotonic() - killed, 3)
+            out.update(await (stand_in or stand_in_of))
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
         await client.cancel_job(job.job_id, "start-up figures done")
     return out
 
