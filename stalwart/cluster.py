@@ -15,7 +15,10 @@ Everything goes under one run folder ``runs/<timestamp>/``: the state file
 ``runs/latest`` points at the newest run. The processes live in their own
 sessions, so they outlive ``stalwart up``; ``stalwart down`` reads the state
 file and stops them (:func:`stop_run`). The library never imports the services:
-it starts them as ``python -m services.<role>``.
+it starts them as ``python -m services.<role>``, or (``ClusterConfig.launcher``,
+what ``stalwart up`` does) forks each from the run's detached launcher
+(:class:`stalwart.procs.Launcher`, ``logs/launcher.log``, recorded in the state
+file), which imported torch once for all of them and is stopped last by ``down``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,13 @@ from urllib.parse import urlparse
 from stalwart.api import coordinator
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.errors import RpcError
-from stalwart.procs import ServiceProcess, ServiceStartError, start_service
+from stalwart.procs import (
+    Launcher,
+    ServiceProcess,
+    ServiceStartError,
+    process_start_ticks,
+    start_service,
+)
 
 STATE_FILE = "cluster.json"
 LATEST = "latest"
@@ -108,8 +117,12 @@ class ClusterConfig:
     """Trainers' ``--device`` (stalwart/devices.py): with auto or cuda, trainer i (standbys
     numbered after the trainers) takes GPU i modulo the GPUs visible."""
     preload_services: bool = False
-    """Fork services from a server with torch imported (test suites; see
-    :mod:`stalwart.procs`). Off for ``stalwart up``: its services outlive the command."""
+    """Fork services from a server with torch imported that dies with this process
+    (test suites; see :mod:`stalwart.procs`)."""
+    launcher: bool = False
+    """Fork services from a detached launcher with torch imported that outlives this
+    process (``stalwart up``; :class:`stalwart.procs.Launcher`): one per run, recorded in
+    the state file, stopped after the members. ``preload_services`` wins over it."""
     hosts: Mapping[str, Host] = field(default_factory=dict)
     """Members (by name) that run on a host of their own instead of loopback: tests of
     network faults cut and partition these hosts' links."""
@@ -142,6 +155,8 @@ class LocalCluster:
     config: ClusterConfig = field(default_factory=ClusterConfig)
     started_at: float = field(default_factory=time.time)
     stopped_at: float | None = None
+    launcher: Launcher | None = None
+    """The run's detached launcher, if it has one (``ClusterConfig.launcher``)."""
 
     # --- what is where -----------------------------------------------------------
 
@@ -253,14 +268,17 @@ class LocalCluster:
         host = self.config.hosts.get(spec.name)
         if host is not None:
             args += ["--host", host.ip, "--insecure"]
+        launcher = self.launcher
+        if launcher is not None and (self.config.preload_services or not launcher.alive()):
+            launcher = None  # a later command after the launcher died: a fresh interpreter
         proc = start_service(MODULES[spec.role], args, self.log_dir, spec.name, env=spec.env,
                              timeout=self.config.start_timeout_s, cwd=_repo_root(),
                              preload=self.config.preload_services,
-                             netns=host.netns if host else None)  # fmt: skip
+                             netns=host.netns if host else None, launcher=launcher)  # fmt: skip
         self.procs[spec.name] = proc
         member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
                         spec.shard, spec.started_as, spec.local_index,
-                        _start_ticks(proc.pid) or 0)  # fmt: skip
+                        process_start_ticks(proc.pid) or 0)  # fmt: skip
         self.members.append(member)
         return member
 
@@ -275,6 +293,8 @@ class LocalCluster:
                 proc.kill()
             else:
                 proc.popen.poll()  # reap
+        if self.launcher is not None:
+            self.launcher.stop()
         self.stopped_at = time.time()
         self.save()
         if self.owns_store:
@@ -288,6 +308,7 @@ class LocalCluster:
             "started_at": self.started_at,
             "stopped_at": self.stopped_at,
             "members": [asdict(m) for m in self.members],
+            "launcher": asdict(self.launcher) if self.launcher else None,
         }
         tmp = self.run_dir / f".{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(data, indent=2))
@@ -396,6 +417,10 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
     cluster = LocalCluster(run_dir.resolve(), store_url, owns_store, config=config)
     cluster.save()
     try:
+        if config.launcher and not config.preload_services:
+            cluster.launcher = Launcher.start(cluster.log_dir, timeout=config.start_timeout_s,
+                                              cwd=_repo_root())  # fmt: skip
+            cluster.save()  # recorded before it forks anything: down finds it either way
         _start_everything(cluster, config)
     except Exception as exc:
         cluster.stop(timeout_s=5)
@@ -481,10 +506,12 @@ def load(run_dir: Path) -> LocalCluster:
         raise ClusterError(f"no cluster state in {run_dir} ({STATE_FILE} missing)") from None
     except json.JSONDecodeError as exc:
         raise ClusterError(f"{path} is not valid JSON: {exc}") from None
+    launcher = data.get("launcher")
     return LocalCluster(
         Path(data["run_dir"]), data["store_url"], data.get("owns_store", False),
         [Member(**m) for m in data.get("members", [])],
         started_at=data.get("started_at", 0.0), stopped_at=data.get("stopped_at"),
+        launcher=Launcher(**launcher) if launcher else None,
     )  # fmt: skip
 
 
@@ -502,6 +529,8 @@ def stop_run(run_dir: Path, timeout_s: float = 15.0) -> LocalCluster:
     """Stop the processes a state file lists that are still ours; mark it stopped."""
     cluster = load(run_dir)
     stop_members(cluster.members, timeout_s)
+    if cluster.launcher is not None:  # last: a member it forked is not its business now
+        cluster.launcher.stop()
     cluster.stopped_at = time.time()
     cluster.run_dir = Path(run_dir).resolve()
     cluster.save()
@@ -545,14 +574,6 @@ def _is_ours(member: Member) -> bool:
     if member.start_ticks:
         return int(fields[19]) == member.start_ticks
     return member.name.encode() in cmdline and MODULES[member.role].encode() in cmdline
-
-
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: when the process started, in clock ticks after boot."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19])
-    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
-        return None
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

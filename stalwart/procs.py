@@ -10,23 +10,40 @@ takes its children (data loader workers...) down with it, as a node crash would.
 imported torch, grpc and numpy (:mod:`multiprocessing`'s forkserver) instead of
 starting a fresh interpreter: the same module runs with the same arguments,
 output and session, but without paying ~3 s of imports each time. Test suites
-that start hundreds of services use it; ``stalwart up`` does not, because its
-services must outlive the command that started them. As with any multiprocessing
-start method but fork, a script that uses it needs the ``if __name__ == "__main__":``
-guard (the fork server imports the caller's main module).
+that start hundreds of services use it. As with any multiprocessing start method
+but fork, a script that uses it needs the ``if __name__ == "__main__":`` guard
+(the fork server imports the caller's main module). That server dies with the
+process that started it, and so would the services' daemon flag.
+
+``launcher=`` (a :class:`Launcher`) forks the service from a detached process that
+has imported the same modules, ``python -m stalwart.procs``: it runs in a session
+of its own, outlives the command that started it and serves fork requests on an
+abstract unix socket (same user only) until it is stopped. ``stalwart up`` uses one
+per cluster, so its services outlive the command and a later command (a stand-in
+for a dead trainer) forks from the same launcher. The child is set up by the same
+code as the fork server's (:func:`_run_module`), so either way a service runs as
+``python -m`` would have run it: own session, log, environment, working directory.
+The launcher never initialises CUDA (it refuses to fork if torch has), so a trainer
+forked from it starts CUDA as a fresh interpreter would.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import importlib
 import json
 import multiprocessing
 import os
 import runpy
+import secrets
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +51,17 @@ from typing import IO, Any, Protocol
 
 LOG_TAIL_LINES = 40
 _CLONE_NEWNET = 0x40000000  # <sched.h>
+_PR_SET_NAME = 15  # <linux/prctl.h>
 
 # Imported once by the fork server; what services import beyond these is cheap.
 # torch._dynamo (1.5 s) is what torch.optim pulls in at a service's first optimizer step.
+# structlog, rich, prometheus_client and stalwart's own shared modules: ~1 s more per
+# service, none of them reads the environment when imported. sklearn.datasets (2.5 s of
+# CPU): what a trainer taking up a digits job imports first, inside a recovery.
 PRELOADED_MODULES = [
     "torch", "torch._dynamo", "grpc", "numpy", "google.protobuf", "pydantic_settings",
+    "structlog", "rich.console", "prometheus_client", "stalwart.api", "stalwart.server",
+    "stalwart.training", "sklearn.datasets",
 ]  # fmt: skip
 
 
@@ -134,6 +157,7 @@ def start_service(
     cwd: Path | None = None,
     preload: bool = False,
     netns: str | None = None,
+    launcher: Launcher | None = None,
 ) -> ServiceProcess:
     """Start ``python -m module --port 0 --ready-file ... *args`` and wait until it serves.
 
@@ -142,7 +166,8 @@ def start_service(
     defaults (``--port 7000`` wins over ``--port 0``). ``preload``: fork it from the
     preloaded server (see the module docstring) instead of starting a new interpreter.
     ``netns``: run it in that network namespace (``ip netns``; tests of network faults
-    give each service a host of its own).
+    give each service a host of its own). ``launcher``: fork it from that detached
+    launcher (it wins over ``preload``).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -150,8 +175,13 @@ def start_service(
     ready_file.unlink(missing_ok=True)  # a stale one would look ready at once
     log_path = run_dir / f"{name}.log"
     argv = ["--port", "0", "--ready-file", str(ready_file), *args]
-    if preload:
-        popen: ProcessHandle = _fork_preloaded(module, argv, log_path, env, cwd, netns)
+    if launcher is not None:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        popen: ProcessHandle = launcher.fork(
+            module, argv, log_path, full_env, str(cwd or os.getcwd()), netns
+        )
+    elif preload:
+        popen = _fork_preloaded(module, argv, log_path, env, cwd, netns)
     else:
         command = [sys.executable, "-m", module, *argv]
         if netns:
@@ -287,3 +317,263 @@ def _read_ready(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+
+
+# --- the detached launcher ---------------------------------------------------------------
+
+_LAUNCHER_MODULE = "stalwart.procs"
+# a fork of a process holding torch takes milliseconds; a loaded machine more
+_CALL_TIMEOUT_S = 30.0
+
+
+class LauncherError(ServiceStartError):
+    """The launcher could not be reached or refused a request; the message says why."""
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """Handle of a detached preloaded launcher (``python -m stalwart.procs``), by its
+    socket and process; what a state file records of it (:meth:`start`, :meth:`stop`)."""
+
+    address: str
+    """Name of its abstract unix socket (without the leading NUL)."""
+    pid: int
+    start_ticks: int = 0
+    """Its start time (/proc stat), to know it after a pid reuse."""
+    log: str = ""
+
+    @classmethod
+    def start(cls, run_dir: Path, name: str = "launcher", timeout: float = 90.0,
+              cwd: Path | None = None) -> Launcher:  # fmt: skip
+        """Start one in its own session (log ``<run_dir>/<name>.log``) and return once it
+        has imported :data:`PRELOADED_MODULES` and listens."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ready_file = run_dir / f"{name}.ready.json"
+        ready_file.unlink(missing_ok=True)
+        log_path = run_dir / f"{name}.log"
+        address = f"stalwart-launcher-{os.getpid()}-{secrets.token_hex(8)}"
+        command = [sys.executable, "-m", _LAUNCHER_MODULE, "--address", address,
+                   "--ready-file", str(ready_file)]  # fmt: skip
+        with open(log_path, "ab") as log_file:
+            popen = _spawn(command, log_file, None, cwd)
+        proc = ServiceProcess(name, popen, log_path, ready_file)
+        proc.ready = _wait_ready(proc, timeout)
+        return cls(address, popen.pid, process_start_ticks(popen.pid) or 0, str(log_path))
+
+    def alive(self) -> bool:
+        """Running, and the process this handle was made for (not a reused pid)."""
+        ticks = process_start_ticks(self.pid)
+        return ticks is not None and (not self.start_ticks or ticks == self.start_ticks)
+
+    def fork(self, module: str, argv: list[str], log_path: Path, env: Mapping[str, str],
+             cwd: str, netns: str | None = None) -> _LaunchedProcess:  # fmt: skip
+        """Fork ``python -m module *argv`` (the environment is ``env``, not this process's)."""
+        answer = self._call({"op": "fork", "module": module, "argv": list(argv),
+                             "log_path": str(log_path), "env": dict(env), "cwd": cwd,
+                             "netns": netns})  # fmt: skip
+        return _LaunchedProcess(int(answer["pid"]), self)
+
+    def exit_status(self, pid: int) -> int | None:
+        """The exit status of a child it forked; None while it runs."""
+        return self._call({"op": "status", "pid": pid})["exitcode"]
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM it (the services it forked live on: they have sessions of their own),
+        SIGKILL after ``timeout_s``; a launcher already gone is fine."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self.alive():
+                return
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and self.alive():
+                time.sleep(0.02)
+
+    def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(_CALL_TIMEOUT_S)
+                sock.connect("\0" + self.address)
+                sock.sendall(json.dumps(request).encode() + b"\n")
+                answer = json.loads(_read_line(sock))
+        except (OSError, ValueError) as exc:
+            raise LauncherError(f"launcher pid {self.pid} ({self.log}): {exc}") from exc
+        if "error" in answer:
+            raise LauncherError(f"launcher pid {self.pid}: {answer['error']}")
+        return answer
+
+
+class _LaunchedProcess:
+    """A service the launcher forked, seen through the Popen calls ServiceProcess makes.
+    The launcher is its parent and reaps it; its exit status is asked of the launcher."""
+
+    def __init__(self, pid: int, launcher: Launcher) -> None:
+        self.pid = pid
+        self._launcher = launcher
+        self._start_ticks = process_start_ticks(pid)
+        self._exitcode: int | None = None
+
+    def poll(self) -> int | None:
+        if self._exitcode is None:
+            try:
+                self._exitcode = self._launcher.exit_status(self.pid)
+            except LauncherError:  # the launcher is gone: the process itself says
+                ticks = process_start_ticks(self.pid)
+                if ticks is None or ticks != self._start_ticks:
+                    self._exitcode = -1  # exited; nobody kept the status
+        return self._exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass  # already gone
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat, when the process started (clock ticks after boot);
+    None if there is no such process or it has exited (a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        return None if fields[0] == "Z" else int(fields[19])
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+        return None
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("connection closed before a whole answer")
+        data += chunk
+    return data
+
+
+def _serve_launcher(address: str, ready_file: Path) -> None:
+    """The launcher's loop: import, listen, fork on request, reap what it forked."""
+    for module in PRELOADED_MODULES:
+        importlib.import_module(module)
+    exits: dict[int, int] = {}
+    children: set[int] = set()
+
+    def reap(*_: object) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            children.discard(pid)
+            exits[pid] = os.waitstatus_to_exitcode(status)
+
+    signal.signal(signal.SIGCHLD, reap)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + address)
+    listener.listen(128)
+    tmp = ready_file.with_name(f".{ready_file.name}.tmp")
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.replace(ready_file)
+    print(f"launcher {os.getpid()} ready on @{address}", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            try:
+                conn.settimeout(_CALL_TIMEOUT_S)
+                if _peer_uid(conn) != os.getuid():
+                    continue  # only the user who started it may have it fork
+                request = json.loads(_read_line(conn))
+                if request.get("op") == "fork":
+                    answer = _fork_request(request, listener, conn, children)
+                elif request.get("op") == "status":
+                    reap()
+                    pid = int(request["pid"])
+                    if pid not in children and pid not in exits:
+                        answer = {"error": f"pid {pid} is not a child of this launcher"}
+                    else:
+                        answer = {"exitcode": exits.get(pid)}
+                else:
+                    answer = {"error": f"unknown request {request.get('op')!r}"}
+                conn.sendall(json.dumps(answer).encode() + b"\n")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                print(f"launcher: bad request: {exc!r}", flush=True)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _fork_request(
+    request: dict[str, Any], listener: socket.socket, conn: socket.socket, children: set[int]
+) -> dict[str, Any]:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # never: nothing here touches CUDA
+        return {"error": "CUDA is initialised in the launcher; a fork would inherit it"}
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        listener.close()
+        conn.close()
+        _run_launched(request)
+    children.add(pid)
+    return {"pid": pid}
+
+
+def _run_launched(request: dict[str, Any]) -> None:
+    """In a child of the launcher: run the module as ``python -m`` would, then exit with
+    the status that would have had (atexit handlers included)."""
+    code = 1
+    try:
+        _set_comm(Path(request["log_path"]).stem.removesuffix(".log"))
+        _run_module(request["module"], request["argv"], request["log_path"], request["env"],
+                    request["cwd"], request.get("netns"))  # fmt: skip
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _set_comm(name: str) -> None:
+    """Name the process ``name`` in ps/top's COMM column (its command line stays the
+    launcher's: Python cannot rewrite it without a C extension)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def _launcher_main(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m stalwart.procs",
+                                     description="a detached preloaded service launcher")  # fmt: skip
+    parser.add_argument("--address", required=True, help="abstract unix socket name")
+    parser.add_argument("--ready-file", required=True, type=Path)
+    opts = parser.parse_args(argv)
+    _serve_launcher(opts.address, opts.ready_file)
+
+
+if __name__ == "__main__":
+    _launcher_main(sys.argv[1:])

@@ -37,6 +37,7 @@ def cluster_data(local: cluster.LocalCluster) -> dict:
         "health": local.health_address,
         "stopped": local.stopped_at is not None,
         "members": [vars(m) for m in local.members],
+        "launcher": vars(local.launcher) if local.launcher else None,
     }
 
 
@@ -58,6 +59,10 @@ def up(
     device: str = typer.Option(
         "auto", help="trainers' device: auto (one GPU each, else CPU), cpu, cuda or cuda:N"
     ),
+    preload: bool = typer.Option(
+        True, help="fork every service from one detached launcher that imported torch once"
+        " (stopped by down); --no-preload: a fresh interpreter per service"
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Start 2 coordinators, paramserver groups, trainers, standbys and the health service
@@ -66,7 +71,7 @@ def up(
     config = cluster.ClusterConfig(
         trainers=trainers, standbys=standbys, shards=shards, backups=backups,
         store_url=store_url, runs_root=runs_root, start_timeout_s=timeout, health=health,
-        device=device,
+        device=device, launcher=preload,
     )  # fmt: skip
     console = Console(stderr=True)
     try:

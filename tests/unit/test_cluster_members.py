@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from stalwart import cluster
+from stalwart.procs import process_start_ticks
 
 
 def _sleeper() -> subprocess.Popen:
@@ -19,7 +20,7 @@ def _sleeper() -> subprocess.Popen:
 def test_a_member_is_known_by_its_start_time_not_its_command_line():
     proc = _sleeper()
     try:
-        ticks = cluster._start_ticks(proc.pid)
+        ticks = process_start_ticks(proc.pid)
         assert ticks
         member = cluster.Member("coord-0", "coordinator", "127.0.0.1:1", proc.pid, "x.log",
                                 start_ticks=ticks)  # fmt: skip

@@ -1,8 +1,9 @@
 """The CLI end to end: ``stalwart up``, a job to completion, bad input, ``down``, and the
-one-line error a stopped cluster gets."""
+one-line error a stopped cluster gets; the services ``up`` forks from its launcher."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import assert_eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -111,3 +114,90 @@ def test_help_everywhere():
         result = stalwart(*args)
         assert result.returncode == 0, (args, result.stderr)
         assert "Usage" in result.stdout
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
+
+
+def _gone(pid: int) -> bool:
+    """Exited and reaped (a zombie would mean nobody waits for it)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def _dead(pid: int) -> bool:
+    """Exited: gone, or a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _holding(address: str) -> list[int]:
+    """Pids whose command line names the launcher's socket: it and every fork of it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and address.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_up_forks_from_its_launcher_and_down_leaves_nothing(tmp_path: Path):
+    """``stalwart up`` forks every service from the run's detached launcher; a forked
+    service is its own session and dies with its children on kill -9 of its group; the
+    launcher reaps what dies; ``down`` stops the members, then the launcher."""
+    from stalwart import cluster
+    from stalwart.procs import start_service
+
+    up = stalwart("up", "--trainers", "1", "--standbys", "0", "--backups", "0", "--no-health",
+                  "--runs-root", str(tmp_path / "runs"), "-o", "json", timeout=420)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    state = json.loads(up.stdout)
+    launcher = state["launcher"]
+    assert launcher is not None and Path(launcher["log"]).is_file()
+    run_dir = Path(state["run_dir"])
+    extra: list[int] = []
+    try:
+        assert _ppid(launcher["pid"]) != os.getpid()  # `up` has exited; the launcher lives
+        assert os.getsid(launcher["pid"]) == launcher["pid"]
+        members = {m["name"]: m["pid"] for m in state["members"]}
+        assert set(members) == {"coord-0", "coord-1", "ps-0a", "ps-0b", "trainer-0"}
+        for pid in members.values():
+            assert _ppid(pid) == launcher["pid"]  # forked by it, not a fresh interpreter
+            assert os.getsid(pid) == pid and os.getpgid(pid) == pid
+        assert set(_holding(launcher["address"])) == {launcher["pid"], *members.values()}
+
+        # A later command (this test, from the state file) forks one more from the same
+        # launcher; kill -9 of its group takes its child with it, and the launcher reaps it.
+        local = cluster.load(run_dir)
+        assert local.launcher is not None and local.launcher.pid == launcher["pid"]
+        proc = start_service("tests.integration.cluster.group_child_service", [],
+                             local.log_dir, "group-child", cwd=ROOT,
+                             launcher=local.launcher)  # fmt: skip
+        extra = [proc.pid, proc.ready["child"]]
+        assert proc.ready["pgid"] == proc.pid == proc.ready["sid"]
+        assert _ppid(proc.pid) == launcher["pid"] and proc.alive()
+        assert proc.kill() == -9
+        assert_eventually(lambda: _gone(proc.pid) and _gone(proc.ready["child"]), timeout=10)
+
+        # kill -9 of a forked trainer's group: it exits and is reaped, the rest serve on
+        os.killpg(members["trainer-0"], 9)
+        assert_eventually(lambda: _gone(members["trainer-0"]), timeout=10)
+        assert not cluster.load(run_dir).alive("trainer-0")
+        assert cluster.load(run_dir).alive("coord-0")
+    finally:
+        down = stalwart("down", "--run-dir", str(run_dir))
+        for pid in extra:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    assert down.returncode == 0, down.stderr
+    assert json.loads((run_dir / "cluster.json").read_text())["stopped_at"]
+    # Whoever reaps them now (the launcher went last, its parent `up` long ago) may
+    # leave a zombie for a moment: exited is what counts.
+    assert_eventually(lambda: not [p for p in _holding(launcher["address"]) if not _dead(p)],
+                      timeout=10)  # fmt: skip
+    assert all(_dead(p) for p in [launcher["pid"], *members.values()])
