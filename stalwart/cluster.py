@@ -96,7 +96,7 @@ class ClusterConfig:
     coordinators: int = 2
     """Coordinator replicas (one leader, the rest hot standbys)."""
     store_url: str = ""
-    """Coordination store; empty: a fresh ``shm:///dev/shm/stalwart/<run>``, removed by down."""
+    """Coordination store; empty: a fresh ``shm:///dev/shm/stalwart/<run>[-n]``, removed by down."""
     runs_root: Path = DEFAULT_RUNS_ROOT
     """Where run folders are made (``<runs_root>/<timestamp>``, ``<runs_root>/latest``)."""
     run_dir: Path | None = None
@@ -413,7 +413,7 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
     run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root)
     run_dir.mkdir(parents=True, exist_ok=True)
     owns_store = not config.store_url
-    store_url = config.store_url or f"shm://{SHM_ROOT / run_dir.name}"
+    store_url = config.store_url or f"shm://{reserve_store_dir(run_dir.name)}"
     cluster = LocalCluster(run_dir.resolve(), store_url, owns_store, config=config)
     cluster.save()
     try:
@@ -427,6 +427,27 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
         raise ClusterError(f"starting the cluster failed: {exc}") from exc
     cluster.save()
     return cluster
+
+
+def reserve_store_dir(name: str, root: Path = SHM_ROOT) -> Path:
+    """Make ``root/name`` (``name-1``, ``name-2``, ... if taken) and return it: one run's
+    own store directory, never another's.
+
+    Run folders are unique only within their runs root, and every checkout, test and
+    CI run has its own: two clusters started in the same second got the same
+    ``/dev/shm/stalwart/<timestamp>``, shared one leader lease and epoch counter, and
+    the first one stopped deleted the other's store under it (its nodes held epochs
+    the restarted counter never issued). ``mkdir`` is atomic: two starts never get
+    the same directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    path, n = root / name, 0
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+            path = root / f"{name}-{n}"
 
 
 def _start_everything(cluster: LocalCluster, config: ClusterConfig) -> None:

@@ -319,8 +319,9 @@ class Control:
     async def check_node_epoch(self, epoch: int, who: str) -> None:
         """A node's request carries a higher coordinator epoch than ours (caller holds the
         lock). Only the store says whether a newer leader exists: if it does, step down;
-        if not, the number was never issued (a bug or a hostile caller) and the request
-        is refused. A node's word alone never deposes the leader."""
+        if not, the number was never issued (a store wiped or replaced while the node
+        lived on, a bug, a hostile caller) and the request is refused naming the leader's
+        epoch, which the node then takes. A node's word alone never deposes the leader."""
         if epoch <= self.epoch:
             return
         stored = await self.io(self.state.stored_epoch)
@@ -328,6 +329,9 @@ class Control:
             await self._fenced(f"{who} carries epoch {epoch}; the store holds {stored}")
             self.leader.saw_higher_epoch(stored)
             self.require_leader()
+        # Nodes take the epoch this answer names (stalwart.client.coordinator.leaders_epoch):
+        # only name it while still acting, so the store read above was made by the leader.
+        self.require_leader()
         raise StalwartError(
             ErrorKind.UNKNOWN_EPOCH,
             f"coordinator epoch {epoch} was never issued (the leader's is {self.epoch}); "

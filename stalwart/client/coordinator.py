@@ -47,6 +47,24 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, RpcError) and exc.kind in _FOLLOW
 
 
+def leaders_epoch(held: int, err: RpcError) -> int | None:
+    """The epoch to hold instead of ``held`` after ``err``, or None to keep ``held``.
+
+    Only an ``UNKNOWN_EPOCH`` answer lowers a node's epoch: the coordinator leader sends
+    it after reading the store and finding that no epoch above its own ever took over
+    (``held`` was never issued there: the store was wiped or replaced while the node
+    lived on), and it names its own epoch in the ``epoch`` metadata. Anything else, an
+    epoch missing or not below ``held``, keeps what is held (docs/control-plane.md,
+    "An epoch in a node's request is compared, never adopted")."""
+    if err.kind is not ErrorKind.UNKNOWN_EPOCH:
+        return None
+    try:
+        leader = int(err.metadata.get("epoch", ""))
+    except ValueError:
+        return None
+    return leader if 0 < leader < held else None
+
+
 def _split(addresses: str | Sequence[str]) -> list[str]:
     if isinstance(addresses, str):
         addresses = addresses.split(",")
@@ -144,6 +162,9 @@ class CoordinatorClient:
             err = RpcError.from_grpc(exc)
             if err.kind in _FOLLOW:
                 self._next_address(address, err)
+            adopted = leaders_epoch(self.epoch, err)
+            if adopted is not None:  # the leader never issued ours: take its own
+                self.epoch = adopted
             raise err from None
         self.epoch = max(self.epoch, getattr(response, "epoch", 0) or 0)
         return response
@@ -512,6 +533,16 @@ class NodeSession:
         try:
             response = await self.client.heartbeat(self.node_id, self.epoch, self.step, telemetry)
         except RpcError as err:
+            adopted = leaders_epoch(self.epoch, err)
+            if adopted is not None:
+                # The leader never issued the epoch held (the store was wiped or replaced
+                # while this node lived on): go on at the leader's. The next beat carries
+                # it, and registers again if that leader does not know this node.
+                log.warning("coordinator epoch unknown to the leader; taking the leader's",
+                            node=self.node_id, held=self.epoch, leader=adopted)  # fmt: skip
+                self.epoch = adopted
+                self.assignment = None  # given under an epoch the leader does not know
+                return None
             if err.kind is not ErrorKind.UNKNOWN_NODE:
                 raise
             log.warning("lease lapsed; registering again", node=self.node_id)
