@@ -36,6 +36,13 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, RpcError) and exc.kind in _RETRY_KINDS
 
 
+def _cancelled_by_caller() -> bool:
+    """Whether the running task was asked to cancel (``Task.cancel``), as opposed to a
+    CancelledError that grpc.aio raised for a call it cancelled itself."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 class ParamServerStub(paramserver_grpc.ParamServerServiceStub):
     """The generated stub, but its client-streaming calls also take messages
     already serialized (bytes from :func:`codec.encode_chunk_messages`), so
@@ -145,6 +152,17 @@ class ShardGroupClient:
                 except RpcError:
                     self.primary = None
                     raise
+                except asyncio.CancelledError:
+                    if _cancelled_by_caller():
+                        raise
+                    # grpc.aio cancels a client-streaming call by itself when writing
+                    # the next message fails because the server already ended the
+                    # stream (a replica killed mid-push): the call died, not our task.
+                    self.primary = None
+                    raise RpcError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the call was cancelled by grpc after its stream broke",
+                    ) from None
 
     # --- calls ---------------------------------------------------------------
 
