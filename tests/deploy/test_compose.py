@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import yaml
 
+from tests.backends import skip_or_fail
 from tests.deploy.project import (
     COMPOSE_SCHEMA,
     DEPLOY,
@@ -62,7 +63,7 @@ def test_compose_cli_accepts_it() -> None:
     ):
         cmd = ["docker", "compose", "-f", str(COMPOSE), "config", "-q"]
     else:
-        pytest.skip("no docker compose / docker-compose on PATH")
+        skip_or_fail("no docker compose / docker-compose on PATH (make backends installs it)")
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
 
