@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
 
 from stalwart.api import common, coordinator
+from stalwart.errors import StalwartError
 from stalwart.stores import Store
-from stalwart.stores.common import MAX_KEY_CHARS
+from stalwart.stores.common import MAX_KEY_CHARS, check_key
 
 LEASE_NAME = "coordinator/leader"
 EPOCH_KEY = "coordinator/epoch"
@@ -49,7 +49,6 @@ RECOVERIES_KEY = "recoveries"
 # The longest prefix every fixed key still fits under (store keys are at most
 # MAX_KEY_CHARS): 181, set by "<prefix>/coordinator/leader".
 MAX_PREFIX_CHARS = MAX_KEY_CHARS - 1 - max(map(len, (LEASE_NAME, EPOCH_KEY, RECOVERIES_KEY)))
-_PREFIX_RE = re.compile(r"[A-Za-z0-9._:@=+/-]*")
 REQUEST_RETENTION_S = 24 * 3600.0  # how long a request id's answer is kept for retries
 TRIM_EVERY = 100  # request-id writes between two sweeps of expired ones
 
@@ -67,17 +66,21 @@ def check_prefix(prefix: str) -> str:
     """``prefix`` if every key of the state fits under it; ValueError saying why not.
 
     Checked when the settings are parsed: a prefix too long makes an invalid
-    leader lease name on every store, found otherwise only by each election."""
-    if not _PREFIX_RE.fullmatch(prefix) or "//" in prefix.strip("/"):
-        raise ValueError(
-            f"store prefix {prefix[:40]!r} may hold only A-Z a-z 0-9 . _ : @ = + - / (no '//')"
-        )
+    leader lease name on every store, found otherwise only by each election. The
+    rule is the stores' own (``check_key``) applied to the longest fixed key."""
     n = len(prefix.strip("/"))
     if n > MAX_PREFIX_CHARS:
         raise ValueError(
             f"store prefix is {n} characters, at most {MAX_PREFIX_CHARS}: store keys are at "
             f"most {MAX_KEY_CHARS} and the leader lease's is '<prefix>/{LEASE_NAME}'"
         )
+    try:
+        check_key("lease name", StateStore(None, prefix).lease_name)
+    except StalwartError:
+        raise ValueError(
+            f"store prefix {prefix[:40]!r} may hold only A-Z a-z 0-9 . _ : @ = + - / "
+            "(not starting with '.', no '//')"
+        ) from None
     return prefix
 
 
