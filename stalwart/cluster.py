@@ -269,7 +269,7 @@ class LocalCluster:
         if host is not None:
             args += ["--host", host.ip, "--insecure"]
         launcher = self.launcher
-        if launcher is not None and (self.config.preload_services or not launcher.alive()):
+        if launcher is not None and not launcher.alive():
             launcher = None  # a later command after the launcher died: a fresh interpreter
         proc = start_service(MODULES[spec.role], args, self.log_dir, spec.name, env=spec.env,
                              timeout=self.config.start_timeout_s, cwd=_repo_root(),
@@ -584,16 +584,15 @@ def _is_ours(member: Member) -> bool:
     Known by its start time; a service forked from the preloading server
     (stalwart.procs) keeps that server's command line, so the command line only
     decides for state files written before start times were recorded."""
-    try:
-        cmdline = Path(f"/proc/{member.pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{member.pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    fields = stat.rsplit(")", 1)[-1].split()
-    if fields[0] == "Z":  # a zombie has exited
+    ticks = process_start_ticks(member.pid)  # None: gone, or a zombie that has exited
+    if ticks is None:
         return False
     if member.start_ticks:
-        return int(fields[19]) == member.start_ticks
+        return ticks == member.start_ticks
+    try:
+        cmdline = Path(f"/proc/{member.pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
     return member.name.encode() in cmdline and MODULES[member.role].encode() in cmdline
 
 
