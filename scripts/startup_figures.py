@@ -1,6 +1,10 @@
 """Start-up figures of a local cluster (docs/performance.md, "Start-up").
 
-    .venv/bin/python scripts/startup_figures.py [--trainers 2] [--no-preload]
+    .venv/bin/python scripts/startup_figures.py [--trainers 2] [--no-preload | --preload-only]
+
+Runs the baseline (``stalwart up --no-preload``: a fresh interpreter per service) and
+then the launcher arm in the same run, each as below, and prints both and the speedup
+of each figure (baseline / launcher):
 
 1. ``stalwart up --standbys 0`` as a subprocess: seconds from its start until it returns
    (everything serving and registered with the leader);
@@ -15,7 +19,7 @@
    command would): seconds until it serves and seconds until the leader lists it alive;
 4. ``stalwart down``: seconds, and whether any process of the run is left.
 
-Prints one JSON object. The load average is read before and after.
+The load average is read before and after each arm.
 """
 
 from __future__ import annotations
@@ -99,24 +103,23 @@ async def kill_and_replace(run_dir: Path, trainers: int) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--trainers", type=int, default=2)
-    parser.add_argument("--runs-root", default="/tmp/startup-runs")
-    parser.add_argument("--no-preload", action="store_true", help="stalwart up --no-preload")
-    opts = parser.parse_args()
-    figures: dict = {"preload": not opts.no_preload, "load_before": load()}
+RATIO_FIGURES = ("up_s", "kill_to_next_step_s", "kill_to_second_step_s",
+                 "replacement_serving_s", "replacement_registered_s")
+
+
+def measure(preload: bool, trainers: int, runs_root: str) -> dict:
+    """One arm: ``stalwart up`` (with or without the launcher), the kill, the stand-in,
+    ``stalwart down``."""
+    figures: dict = {"preload": preload, "load_before": load()}
     started = time.monotonic()
-    up = cli("up", "--trainers", str(opts.trainers), "--standbys", "0",
-             "--runs-root", opts.runs_root, "-o", "json",
-             *(["--no-preload"] if opts.no_preload else []))  # fmt: skip
+    up = cli("up", "--trainers", str(trainers), "--standbys", "0", "--runs-root", runs_root,
+             "-o", "json", *([] if preload else ["--no-preload"]))  # fmt: skip
     figures["up_s"] = round(time.monotonic() - started, 2)
     if up.returncode != 0:
         sys.exit(f"stalwart up failed: {up.stderr}")
-    state = json.loads(up.stdout)
-    run_dir = Path(state["run_dir"])
+    run_dir = Path(json.loads(up.stdout)["run_dir"])
     try:
-        figures.update(asyncio.run(kill_and_replace(run_dir, opts.trainers)))
+        figures.update(asyncio.run(kill_and_replace(run_dir, trainers)))
     finally:
         started = time.monotonic()
         down = cli("down", "--run-dir", str(run_dir))
@@ -125,7 +128,27 @@ def main() -> None:
     figures["left_running"] = [m.name for m in members if cluster._is_ours(m)]
     figures["load_after"] = load()
     figures["down_ok"] = down.returncode == 0
-    print(json.dumps(figures))
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trainers", type=int, default=2)
+    parser.add_argument("--runs-root", default="/tmp/startup-runs")
+    parser.add_argument("--no-preload", action="store_true",
+                        help="only the baseline arm (a fresh interpreter per service)")  # fmt: skip
+    parser.add_argument("--preload-only", action="store_true", help="only the launcher arm")
+    opts = parser.parse_args()
+    arms = {}
+    if not opts.preload_only:  # the baseline first, in the same run
+        arms["fresh"] = measure(False, opts.trainers, opts.runs_root)
+    if not opts.no_preload:
+        arms["launcher"] = measure(True, opts.trainers, opts.runs_root)
+    if len(arms) == 2:  # how many times faster the launcher made each figure
+        arms["speedup"] = {k: round(arms["fresh"][k] / arms["launcher"][k], 2)
+                           for k in RATIO_FIGURES
+                           if arms["fresh"].get(k) and arms["launcher"].get(k)}  # fmt: skip
+    print(json.dumps(arms))
 
 
 if __name__ == "__main__":
