@@ -176,7 +176,7 @@ def start_service(
     log_path = run_dir / f"{name}.log"
     argv = ["--port", "0", "--ready-file", str(ready_file), *args]
     if launcher is not None:
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = _service_env(env)
         popen: ProcessHandle = launcher.fork(
             module, argv, log_path, full_env, str(cwd or os.getcwd()), netns
         )
@@ -193,10 +193,15 @@ def start_service(
     return proc
 
 
+def _service_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """A service's whole environment: this process's, unbuffered output, then ``env``."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def _spawn(
     command: list[str], log_file: IO[bytes], env: Mapping[str, str] | None, cwd: Path | None
 ) -> subprocess.Popen[bytes]:
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = _service_env(env)
     return subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
@@ -241,7 +246,7 @@ def _fork_preloaded(
 ) -> _ForkedProcess:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = _service_env(env)
     where = str(cwd or os.getcwd())
     # daemon: if the caller exits without stopping it, multiprocessing terminates
     # it instead of waiting for it forever
