@@ -98,7 +98,7 @@ async def _stalwart_trial(local, spec, warmup: int, kill_at: int, timeout_s: flo
 
 def _stalwart(spec, trials: int, warmup: int, kill_at: int, timeout_s: float, runs_root):
     reference = training.reference_run(spec)
-    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=1, runs_root=runs_root))
+    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=1, runs_root=runs_root, launcher=True))
     rows = []
     try:
         asyncio.run(cluster.wait_healthy(local, 180))

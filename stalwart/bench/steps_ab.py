@@ -40,7 +40,7 @@ def main(jobs: int = 2, steps: int = 200) -> None:
     training.make_deterministic(1)
     spec = ddp.workload(steps)
     reference = training.reference_run(spec)
-    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=1))
+    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=1, launcher=True))
     try:
         asyncio.run(cluster.wait_healthy(local, 300))
         asyncio.run(_jobs(local, spec, jobs, reference))

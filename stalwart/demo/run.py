@@ -85,12 +85,13 @@ def cluster_config(config: DemoConfig) -> cluster.ClusterConfig:
     if heat is not None:  # a run too short to heat anybody heats nobody
         faults = {HEATED: ("--faults", f"heat_from_step={heat[0]},crash_at_step={heat[1]}")}
     # The heated trainer's slot goes to a standby of its own, so the trainer kill at 25%
-    # still finds one, as it does without the health service.
+    # still finds one, as it does without the health service. Services fork from one
+    # launcher that imported torch once, as under `stalwart up` (docs/performance.md).
     return cluster.ClusterConfig(
         trainers=config.trainers, standbys=config.standbys + (1 if heat else 0),
         runs_root=config.runs_root,
         start_timeout_s=config.start_timeout_s, health=config.health,
-        member_args=faults,
+        member_args=faults, launcher=True,
     )  # fmt: skip
 
 
