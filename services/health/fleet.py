@@ -9,12 +9,22 @@ straggler rule against its live peers (services/health/rules.py), the fleet
 Isolation Forest's anomaly times ``anomaly_weight`` (below the drain threshold on
 its own by default: an unlabelled detector ranks nodes for placement but does not
 drain them alone), and a sticky 1.0 once corruption was reported about it.
+
+The anomaly detector sees each gauge as a departure from the live fleet's median of
+it, not as its level. Peers run the same work on the same kind of machine, so what
+they do together (an idle cluster's memory and cpu drifting, a job starting) is not a
+node's fault; watched live, absolute levels drifted past every reference the detector
+was refitted on within seconds, and every node alerted every 30 s. A lone node has no
+peers: its departures are all zero, and the detector stays unfitted until a peer
+reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from services.health import rules
 from services.health.online import DEFAULT_DETECTOR, FleetForest
@@ -43,6 +53,10 @@ class HealthConfig:
     most this often."""
     alert_repeat_seconds: float = 30.0
     peer_stale_seconds: float = 30.0
+    peer_centre_seconds: float = 1.0
+    """How often the fleet's per-gauge median (what the detector's inputs are measured
+    from) is recomputed from the live nodes' latest samples: once per interval, not per
+    sample, so a sample costs the same in a fleet of thousands."""
     detector: str = DEFAULT_DETECTOR
     rules: rules.RuleConfig = field(default_factory=rules.RuleConfig)
 
@@ -78,6 +92,9 @@ class Fleet:
         self._last_alert: dict[tuple[str, str], float] = {}  # (node, kind) -> time
         self._scored: dict[str, tuple[float, float, list[str]]] = {}  # node -> (t, score, top)
         self._fit_at: float | None = None  # when the last fit's samples were handed out
+        self._centre: dict[str, float] = {}  # gauge -> the live fleet's median
+        self._centre_at: float | None = None
+        self._relative: dict[str, dict[str, float]] = {}  # node -> its latest departures
 
     # --- input ----------------------------------------------------------------------
 
@@ -88,10 +105,36 @@ class Fleet:
         if window is None:
             window = self.windows[node_id] = NodeWindow(node_id, self.config.window_samples)
         window.add(Sample(now, step, dict(metrics)))
-        self.forest.collect(metrics)
+        relative = self._relative[node_id] = self._relative_to_peers(now, metrics)
+        self.forest.collect(relative)
         assessment = self._assess(window, now)
         self.assessments[node_id] = assessment
         return assessment, self._alerts(assessment, now)
+
+    def _relative_to_peers(self, now: float, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Each gauge minus the live fleet's median of it; a gauge the median does not
+        cover yet (new since it was taken) is left out until it does."""
+        # Taken again at once while it is empty (fewer than two live nodes), so the
+        # second node to report has a median to depart from from its first sample.
+        due = not self._centre or self._centre_at is None or not 0 <= now - self._centre_at < (
+            self.config.peer_centre_seconds)  # fmt: skip
+        if due:
+            self._centre, self._centre_at = self._fleet_centre(now), now
+        return {k: v - self._centre[k] for k, v in metrics.items() if k in self._centre}
+
+    def _fleet_centre(self, now: float) -> dict[str, float]:
+        latest = [
+            w.samples[-1].metrics for w in self.windows.values()
+            if now - w.last_time <= self.config.peer_stale_seconds
+        ]  # fmt: skip
+        if len(latest) < 2:
+            return {}  # no peers: no departures, and nothing for the detector to learn
+        values: dict[str, list[float]] = {}
+        for metrics in latest:
+            for name, v in metrics.items():
+                if not name.endswith("_total"):  # counters never reach the detector
+                    values.setdefault(name, []).append(v)
+        return {name: float(np.median(vs)) for name, vs in values.items()}
 
     @property
     def ready_to_fit(self) -> bool:
@@ -169,7 +212,7 @@ class Fleet:
         last = self._scored.get(window.node_id)
         if last is not None and 0 <= now - last[0] < self.config.anomaly_every_seconds:
             return last[1], last[2]
-        anomaly, top = self.forest.score(window.samples[-1].metrics)
+        anomaly, top = self.forest.score(self._relative.get(window.node_id, {}))
         if self.forest.fitted:  # before the fit every score is 0: score again once fitted
             self._scored[window.node_id] = (now, anomaly, top)
         return anomaly, top
