@@ -68,7 +68,7 @@ class LocalSgd:
     """
 
     steps: int
-    inner_lr: float = 0.05
+    inner_lr: float = 0.2
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
 

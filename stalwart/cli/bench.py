@@ -131,7 +131,7 @@ def bench_ddp(
         0, min=0, max=1024,
         help="Stalwart side as local SGD: H inner steps per push, steps/H outer steps; 0: off",
     ),
-    local_lr: float = typer.Option(0.05, min=0.0, help="with --local-steps: inner SGD rate"),
+    local_lr: float = typer.Option(0.2, min=0.0, help="with --local-steps: inner SGD rate"),
     outer_lr: float = typer.Option(0.7, min=0.0, help="with --local-steps: outer SGD rate"),
     outer_momentum: float = typer.Option(
         0.9, min=0.0, max=0.999, help="with --local-steps: outer Nesterov momentum; 0: none"
