@@ -185,9 +185,9 @@ def _ddp(
     return rows
 
 
-def _median(rows: list[dict], key: str) -> float | None:
+def _median(rows: list[dict], key: str, digits: int = 3) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
-    return round(statistics.median(values), 3) if values else None
+    return round(statistics.median(values), digits) if values else None
 
 
 def run(
@@ -253,8 +253,8 @@ def _local_fields(result: dict, local: LocalSgd, ours: list[dict], theirs: list[
            "stalwart_inner_steps_per_s": inner,
            "stalwart_outer_steps_per_s": _median(ours, "steps_per_s"),
            "ratio_of": "stalwart_inner_steps_per_s / ddp_steps_per_s",
-           "stalwart_accuracy": _median(ours, "accuracy"),
-           "ddp_accuracy": _median(theirs, "accuracy"),
+           "stalwart_accuracy": _median(ours, "accuracy", 4),
+           "ddp_accuracy": _median(theirs, "accuracy", 4),
            "stalwart_step_ms_per": "outer step",
            "stalwart_kill_at_outer_step": result["kill_at_step"] // local.steps}  # fmt: skip
     for row in ours:  # the per-trial rates are outer steps/s

@@ -88,14 +88,14 @@ def test_local_sgd_result_names_rates_by_what_they_count():
     from stalwart.bench import ddp
 
     result = {"workload": "w", "stalwart_steps_per_s": 24.0, "ratio": 1.2, "kill_at_step": 150}
-    ours = [{"steps_per_s": 3.0, "accuracy": 0.9}]
+    ours = [{"steps_per_s": 3.0, "accuracy": 0.96664}]
     theirs = [{"steps_per_s": 20.0, "accuracy": 0.95}]
     out = ddp._local_fields(result, ddp.LocalSgd(8), ours, theirs)
     assert "stalwart_steps_per_s" not in out
     assert (out["stalwart_inner_steps_per_s"], out["stalwart_outer_steps_per_s"]) == (24.0, 3.0)
-    assert (out["stalwart_accuracy"], out["ddp_accuracy"]) == (0.9, 0.95)
+    assert (out["stalwart_accuracy"], out["ddp_accuracy"]) == (0.9666, 0.95)
     assert out["ratio"] == 1.2 and out["stalwart_kill_at_outer_step"] == 18
-    assert ours == [{"outer_steps_per_s": 3.0, "accuracy": 0.9}]
+    assert ours == [{"outer_steps_per_s": 3.0, "accuracy": 0.96664}]
 
 
 @pytest.mark.parametrize(
