@@ -18,6 +18,7 @@ from stalwart.errors import ErrorKind, StalwartError
 BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding", "char-lm"})
 BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
 MAX_MICRO_BATCHES = 64
+MAX_LOCAL_STEPS = 1024
 MAX_PATH = 4096
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -160,6 +161,7 @@ def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> 
         raise _bad(f"batch_size must be >= 1, got {spec.batch_size}")
     if not 0 <= spec.micro_batches <= MAX_MICRO_BATCHES:
         raise _bad(f"micro_batches must be in [0, {MAX_MICRO_BATCHES}], got {spec.micro_batches}")
+    _check_local_steps(spec)
     if spec.num_shards < 0 or spec.checkpoint_interval < 0:
         raise _bad("num_shards and checkpoint_interval must be >= 0")
     if spec.eval_every < 0:
@@ -170,6 +172,27 @@ def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> 
         )
     if spec.steps > max_steps:
         raise StalwartError(ErrorKind.LIMIT_EXCEEDED, f"steps {spec.steps} > limit {max_steps}")
+
+
+def _check_local_steps(spec: coordinator.JobSpec) -> None:
+    """local_steps in range; local_lr set exactly when there are inner steps to take.
+
+    A local_lr without local_steps is refused rather than ignored: it says the
+    user meant local SGD and forgot the count. Micro-batches combine with it
+    (each inner step accumulates them), so that pair is allowed.
+    """
+    if not 0 <= spec.local_steps <= MAX_LOCAL_STEPS:
+        raise _bad(f"local_steps must be in [0, {MAX_LOCAL_STEPS}], got {spec.local_steps}")
+    if spec.local_steps > 1:
+        if not spec.local_lr > 0 or math.isinf(spec.local_lr):  # NaN fails the comparison
+            raise _bad(f"local_lr must be > 0 and finite when local_steps > 1, got {spec.local_lr}")
+        if spec.consistency.mode not in (
+            common.CONSISTENCY_MODE_UNSPECIFIED,
+            common.CONSISTENCY_MODE_SYNC,
+        ):
+            raise _bad("local_steps > 1 needs consistency mode SYNC")
+    elif spec.local_lr:
+        raise _bad(f"local_lr {spec.local_lr} needs local_steps > 1, got {spec.local_steps}")
 
 
 def _check_consistency(spec: common.ConsistencySpec) -> None:

@@ -58,16 +58,63 @@ class StepResult:
 def compute_step(
     task: Task, model: torch.nn.Module, slot: int, step: int, spec: coordinator.JobSpec
 ) -> StepResult:
-    """One slot's gradient for one step from the model's current weights, on CPU.
+    """One slot's push for one step from the model's current weights, on CPU.
 
+    Plain sync SGD (``spec.local_steps`` 0 or 1): the gradient of
     ``spec.micro_batches`` micro-batches (gradient accumulation), each loss
     divided by their count, under :func:`model_rng`. Every parameter gets a
     gradient (zeros where the loss does not reach it), so the paramserver and
     the reference loop step exactly the same tensors.
+
+    Local SGD (``local_steps`` H > 1): H inner SGD steps at ``spec.local_lr``,
+    inner step k computed as sync step ``step * H + k`` would be (its batches,
+    its RNG); the push is the pseudo-gradient, the weights before minus the
+    weights after, which the paramserver's optimizer takes as the outer step.
+
+    Either way the model ends with the weights and buffers it started with, so a
+    recomputation (duplicate compute, ABFT retry) starts where this one did.
+    """
+    before = {n: b.detach().clone() for n, b in model_buffers(model).items()}
+    try:
+        if local_steps(spec) > 1:
+            grads, losses, examples = _local_steps(task, model, slot, step, spec)
+        else:
+            losses, examples = _accumulate(task, model, slot, step, spec)
+            grads = _param_grads(model)
+        # the buffers' new values are pushed
+        for name, b in model_buffers(model).items():
+            grads[name] = b.detach().to("cpu", copy=True).contiguous()
+    finally:
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in model_buffers(model).items():
+                b.copy_(before[name])
+    return StepResult(grads, sum(losses) / len(losses), examples, frozenset(before))
+
+
+def local_steps(spec: coordinator.JobSpec) -> int:
+    """Inner steps per pushed update: ``spec.local_steps``, 0 meaning 1."""
+    return max(spec.local_steps, 1)
+
+
+def one_inner_step(spec: coordinator.JobSpec) -> coordinator.JobSpec:
+    """A copy of ``spec`` as a plain sync job: a warm-up step that costs one step, not H."""
+    out = coordinator.JobSpec()
+    out.CopyFrom(spec)
+    out.local_steps, out.local_lr = 0, 0.0
+    return out
+
+
+def _accumulate(
+    task: Task, model: torch.nn.Module, slot: int, step: int, spec: coordinator.JobSpec
+) -> tuple[list[float], int]:
+    """Backward over sync step ``step``'s micro-batches into the parameters' ``.grad``.
+
+    Returns the micro-batches' losses and the examples seen; ``.grad`` is
+    cleared first.
     """
     device = next(model.parameters()).device
     micro = max(spec.micro_batches, 1)
-    before = {n: b.detach().clone() for n, b in model_buffers(model).items()}
     model.zero_grad(set_to_none=True)
     losses, examples = [], 0
     with model_rng(spec.seed, slot, step, device):
@@ -78,18 +125,49 @@ def compute_step(
             (loss / micro if micro > 1 else loss).backward()
             losses.append(float(loss.detach()))
             examples += len(y)
+    return losses, examples
+
+
+def _param_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's ``.grad`` as a contiguous CPU copy, zeros where there is none."""
     grads = {}
     for name, p in model.named_parameters():
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         grads[name] = g.detach().to("cpu", copy=True).contiguous()
-    model.zero_grad(set_to_none=True)
-    # The buffers' new values are pushed; the model gets its old ones back, so a
-    # recomputation (duplicate compute, ABFT retry) starts where this one did.
-    for name, b in model_buffers(model).items():
-        grads[name] = b.detach().to("cpu", copy=True).contiguous()
+    return grads
+
+
+def _local_steps(
+    task: Task, model: torch.nn.Module, slot: int, step: int, spec: coordinator.JobSpec
+) -> tuple[dict[str, torch.Tensor], list[float], int]:
+    """H inner SGD steps; the pseudo-gradient theta_0 - theta_H, the losses, the examples.
+
+    The inner update is ``p.add_(grad, alpha=-local_lr)``, torch.optim.SGD's
+    own (foreach=False, no momentum): deterministic, and what a hand-written
+    loop computes. The parameters get theta_0 back, even when an inner step
+    raises (an ABFT mismatch is retried from the same weights).
+    """
+    h, lr = local_steps(spec), spec.local_lr
+    params = dict(model.named_parameters())
+    theta0 = {n: p.detach().clone() for n, p in params.items()}
+    losses, examples = [], 0
+    try:
+        for k in range(h):
+            inner_losses, inner_examples = _accumulate(task, model, slot, step * h + k, spec)
+            # an inner step's loss is the mean over its micro-batches, as a sync step's
+            losses.append(sum(inner_losses) / len(inner_losses))
+            examples += inner_examples
+            with torch.no_grad():
+                for p in params.values():
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
         with torch.no_grad():
-            b.copy_(before[name])
-    return StepResult(grads, sum(losses) / micro, examples, frozenset(before))
+            pseudo = {n: (theta0[n] - p).to("cpu").contiguous() for n, p in params.items()}
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(theta0[n])
+    return pseudo, losses, examples
 
 
 def model_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:

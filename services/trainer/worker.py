@@ -227,8 +227,9 @@ class Worker:
         # untouched) pays the first-step costs now: loading the dataset (digits-cnn
         # imports scikit-learn) and autograd's start-up took ~5 s on two busy cores,
         # which a warm standby promoted into a slot would otherwise add to recovery.
+        # A local-SGD job warms up with one inner step: H of them would only cost time.
         with usererrors.user_code(usererrors.STEP, slot=0, step=0):
-            training.compute_step(task, model, 0, 0, spec)
+            training.compute_step(task, model, 0, 0, training.one_inner_step(spec))
         client = self.make_client(assignment.shard_map)
         return JobState(assignment.job_id, spec, task, model, client, shard_map)
 

@@ -18,6 +18,13 @@ CPU, one intra-op thread per process; gradients summed over workers.
 Steady steps/s exclude start-up: the clock starts when step ``warmup`` is
 done (Stalwart: its STEP_COMMITTED event; DDP: rank 0's timestamp) and stops
 at the last step. Each figure is the median over ``trials``.
+
+With :class:`LocalSgd` (``--local-steps H``) the Stalwart side runs
+``steps / H`` outer steps of local SGD (DiLoCo's outer rule by default), so
+each worker sees the same ``steps`` batches as a DDP rank; its throughput is
+given in inner steps/s (outer steps/s x H), warm-up and kill step are divided
+by H, and the held-out accuracy of both sides' final weights is reported, as
+the two runs no longer compute the same weights.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import asyncio
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,6 +56,38 @@ def workload(steps: int, seed: int = 0) -> coordinator.JobSpec:
     sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.05, momentum=0.9)
     return default_spec("digits-cnn", model_args={"width": "16"}, num_slots=3, steps=steps,
                         batch_size=32, seed=seed, optimizer=sgd)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LocalSgd:
+    """The Stalwart side as local SGD: H inner steps at ``inner_lr`` per outer step.
+
+    The outer optimizer is SGD at ``outer_lr`` over the mean pseudo-gradient, with
+    Nesterov momentum ``outer_momentum`` (DiLoCo's rule); momentum 0 and lr 1 is
+    plain model averaging.
+    """
+
+    steps: int
+    inner_lr: float = 0.2
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    def spec(self, steps: int, seed: int = 0) -> coordinator.JobSpec:
+        """:func:`workload` as ``steps / H`` outer steps that read the same batches."""
+        spec = workload(steps // self.steps, seed)
+        momentum = self.outer_momentum
+        spec.optimizer.CopyFrom(common.OptimizerSpec(
+            kind=common.OPTIMIZER_KIND_SGD, lr=self.outer_lr, momentum=momentum,
+            nesterov=momentum > 0,
+        ))  # fmt: skip
+        spec.local_steps, spec.local_lr = self.steps, self.inner_lr
+        return spec
+
+    def describe(self) -> str:
+        outer = f"outer SGD lr {self.outer_lr} over the mean pseudo-gradient"
+        if self.outer_momentum:
+            outer += f", Nesterov momentum {self.outer_momentum}"
+        return f"local SGD: {self.steps} inner SGD steps at lr {self.inner_lr} per push; {outer}"
 
 
 def _steady(recorder: EventRecorder, job_id: str, warmup: int, last: int) -> float:
@@ -96,7 +136,15 @@ async def _stalwart_trial(local, spec, warmup: int, kill_at: int, timeout_s: flo
     return clean, faulty
 
 
-def _stalwart(spec, trials: int, warmup: int, kill_at: int, timeout_s: float, runs_root):
+def _accuracy(spec: coordinator.JobSpec, weights: dict[str, torch.Tensor]) -> float:
+    """Held-out accuracy of ``spec``'s model carrying ``weights``."""
+    return round(training.evaluate(spec, weights)["accuracy"], 4)
+
+
+def _stalwart(
+    spec, trials: int, warmup: int, kill_at: int, timeout_s: float, runs_root,
+    accuracy: bool = False,
+):  # fmt: skip
     reference = training.reference_run(spec)
     local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=1, runs_root=runs_root, launcher=True))
     rows = []
@@ -112,6 +160,8 @@ def _stalwart(spec, trials: int, warmup: int, kill_at: int, timeout_s: float, ru
                 "clean_bitwise_equal": report.bitwise_equal(clean["weights"], reference)[0],
                 "faulty_bitwise_equal": report.bitwise_equal(faulty["weights"], reference)[0],
             })  # fmt: skip
+            if accuracy:
+                rows[-1]["accuracy"] = _accuracy(spec, clean["weights"])
             if faulty.get("victim"):
                 local.replace(faulty["victim"])  # back to 3 trainers + 1 standby
                 asyncio.run(cluster.wait_healthy(local, 180))
@@ -120,7 +170,9 @@ def _stalwart(spec, trials: int, warmup: int, kill_at: int, timeout_s: float, ru
     return rows, str(local.run_dir)
 
 
-def _ddp(spec, trials: int, warmup: int, kill_at: int, timeout_s: float) -> list[dict]:
+def _ddp(
+    spec, trials: int, warmup: int, kill_at: int, timeout_s: float, accuracy: bool = False
+) -> list[dict]:
     rows = []
     for _ in range(trials):
         clean = ddp_baseline.run(spec, warmup, timeout_s=timeout_s)
@@ -128,26 +180,37 @@ def _ddp(spec, trials: int, warmup: int, kill_at: int, timeout_s: float) -> list
         equal, _ = report.bitwise_equal(faulty.weights, clean.weights)
         rows.append({"steps_per_s": clean.steps_per_s, "recovery_s": faulty.recovery_s,
                      "steps_repeated": faulty.steps_repeated, "faulty_bitwise_equal": equal})  # fmt: skip
+        if accuracy:
+            rows[-1]["accuracy"] = _accuracy(spec, clean.weights)
     return rows
 
 
-def _median(rows: list[dict], key: str) -> float | None:
+def _median(rows: list[dict], key: str, digits: int = 3) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
-    return round(statistics.median(values), 3) if values else None
+    return round(statistics.median(values), digits) if values else None
 
 
 def run(
     trials: int = 3, steps: int = 400, warmup: int = 20, kill_at: int = 150,
     runs_root: Path = cluster.DEFAULT_RUNS_ROOT, timeout_s: float = 900.0,
+    local: LocalSgd | None = None,
 ) -> dict:  # fmt: skip
     training.make_deterministic(1)
     spec = workload(steps)
     started = time.monotonic()
-    ours, run_dir = _stalwart(spec, trials, warmup, kill_at, timeout_s, runs_root)
-    theirs = _ddp(spec, trials, warmup, kill_at, timeout_s)
+    if local is None:
+        ours, run_dir = _stalwart(spec, trials, warmup, kill_at, timeout_s, runs_root)
+        theirs = _ddp(spec, trials, warmup, kill_at, timeout_s)
+    else:
+        h = local.steps  # Stalwart's clock and kill count outer steps
+        ours, run_dir = _stalwart(local.spec(steps), trials, warmup // h, kill_at // h,
+                                  timeout_s, runs_root, accuracy=True)  # fmt: skip
+        theirs = _ddp(spec, trials, warmup, kill_at, timeout_s, accuracy=True)
     s_rate, d_rate = _median(ours, "steps_per_s"), _median(theirs, "steps_per_s")
+    if local is not None and s_rate:
+        s_rate *= local.steps  # inner steps/s: batches per worker per second, as DDP's steps
     ratio = round(s_rate / d_rate, 3) if s_rate and d_rate else None
-    return {
+    result = {
         "workload": "digits-cnn width 16, 3 workers x 32 samples, SGD lr 0.05 momentum 0.9, "
         f"{steps} steps, CPU, 1 intra-op thread",
         "trials": trials,
@@ -175,3 +238,25 @@ def run(
         "wall_s": round(time.monotonic() - started, 1),
         "run_dir": run_dir,
     }
+    return result if local is None else _local_fields(result, local, ours, theirs)
+
+
+def _local_fields(result: dict, local: LocalSgd, ours: list[dict], theirs: list[dict]) -> dict:
+    """The result of a ``--local-steps`` run: rates named by what they count, and accuracies.
+
+    ``ratio`` stays the throughput ratio (batches per worker per second on both
+    sides), so readers of the plain run's JSON read it the same way.
+    """
+    inner = result.pop("stalwart_steps_per_s")
+    out = {"workload": result.pop("workload") + f"; Stalwart side: {local.describe()}",
+           "local_steps": local.steps,
+           "stalwart_inner_steps_per_s": inner,
+           "stalwart_outer_steps_per_s": _median(ours, "steps_per_s"),
+           "ratio_of": "stalwart_inner_steps_per_s / ddp_steps_per_s",
+           "stalwart_accuracy": _median(ours, "accuracy", 4),
+           "ddp_accuracy": _median(theirs, "accuracy", 4),
+           "stalwart_step_ms_per": "outer step",
+           "stalwart_kill_at_outer_step": result["kill_at_step"] // local.steps}  # fmt: skip
+    for row in ours:  # the per-trial rates are outer steps/s
+        row["outer_steps_per_s"] = row.pop("steps_per_s")
+    return out | result

@@ -127,21 +127,55 @@ def bench_ddp(
     steps: int = typer.Option(400, min=30, help="steps of the job (both sides)"),
     warmup: int = typer.Option(20, min=1, help="steps before the steady-state clock starts"),
     kill_at: int = typer.Option(150, min=1, help="step at which one worker is killed -9"),
+    local_steps: int = typer.Option(
+        0, min=0, max=1024,
+        help="Stalwart side as local SGD: H inner steps per push, steps/H outer steps; 0: off",
+    ),
+    local_lr: float = typer.Option(0.2, min=0.0, help="with --local-steps: inner SGD rate"),
+    outer_lr: float = typer.Option(0.7, min=0.0, help="with --local-steps: outer SGD rate"),
+    outer_momentum: float = typer.Option(
+        0.9, min=0.0, max=0.999, help="with --local-steps: outer Nesterov momentum; 0: none"
+    ),
     output: Output = OUTPUT_OPTION,
-) -> None:
+) -> None:  # fmt: skip
     """Steps/s, kill -9 recovery and bitwise checks: Stalwart's default local cluster vs
-    torchrun + DDP (gloo) on the same job, in the same run; and Stalwart's step timeline."""
+    torchrun + DDP (gloo) on the same job, in the same run; and Stalwart's step timeline.
+    With --local-steps, Stalwart runs local SGD / DiLoCo on the same batches and both
+    sides' held-out accuracy is reported."""
     from stalwart.bench import ddp  # torch import is slow: only when asked
 
     if not warmup < kill_at < steps:
         fail("need --warmup < --kill-at < --steps", ExitCode.INVALID_INPUT)
+    local = None
+    if local_steps > 1:
+        local = ddp.LocalSgd(local_steps, local_lr, outer_lr, outer_momentum)
+        _check_local(local, steps, warmup, kill_at)
     with _status("Stalwart cluster, then torchrun + DDP (minutes)…", output):
-        result = ddp.run(trials, steps, warmup, kill_at)
+        result = ddp.run(trials, steps, warmup, kill_at, local=local)
     emit_record(output, "Stalwart vs torchrun + DDP (same run)", result, _ddp_fields)
 
 
+def _check_local(local, steps: int, warmup: int, kill_at: int) -> None:
+    """Both sides must read the same batches, and the outer clock needs room to run."""
+    h = local.steps
+    if steps % h:
+        fail(f"--steps {steps} must be a multiple of --local-steps {h}", ExitCode.INVALID_INPUT)
+    if not 1 <= warmup // h < kill_at // h < steps // h:
+        fail(f"--local-steps {h}: need 1 <= warmup/H < kill-at/H < steps/H in outer steps",
+             ExitCode.INVALID_INPUT)  # fmt: skip
+    if not local.inner_lr > 0 or not local.outer_lr > 0:
+        fail("--local-lr and --outer-lr must be > 0", ExitCode.INVALID_INPUT)
+
+
+_DDP_RATES = ("stalwart_steps_per_s", "ddp_steps_per_s")
+_LOCAL_RATES = ("local_steps", "stalwart_inner_steps_per_s", "stalwart_outer_steps_per_s",
+                "ddp_steps_per_s")  # fmt: skip
+
+
 def _ddp_fields(result: dict) -> dict:
-    keep = ("stalwart_steps_per_s", "ddp_steps_per_s", "ratio", "goal",
+    local = "local_steps" in result
+    keep = (*(_LOCAL_RATES if local else _DDP_RATES), "ratio", "goal",
+            *(("stalwart_accuracy", "ddp_accuracy") if local else ()),
             "stalwart_kill_to_next_step_s", "ddp_kill_to_next_step_s",
             "stalwart_steps_repeated", "ddp_steps_repeated",
             "stalwart_bitwise_equal_to_fault_free", "ddp_bitwise_equal_to_fault_free",

@@ -1,7 +1,7 @@
 """``stalwart job submit`` flags for how gradients become updates, as one option group.
 
 Adam's betas and eps, the reduction, clipping, the learning-rate schedule,
-gradient accumulation, the checkpoint and evaluation intervals and the weights to start from. Only the shape of the input
+gradient accumulation, local SGD, the checkpoint and evaluation intervals and the weights to start from. Only the shape of the input
 is checked here; the coordinator validates the spec and answers
 INVALID_ARGUMENT with the field's name.
 """
@@ -46,6 +46,11 @@ class TrainingFlags:
     beta1: float | None = typer.Option(None, help="Adam/AdamW beta1 (default 0.9)")
     beta2: float | None = typer.Option(None, help="Adam/AdamW beta2 (default 0.999)")
     eps: float | None = typer.Option(None, help="Adam/AdamW eps (default 1e-8)")
+    nesterov: bool = typer.Option(
+        False,
+        "--nesterov",
+        help="SGD: Nesterov momentum (needs --momentum > 0; DiLoCo's outer rule)",
+    )
     reduction: Reduction | None = typer.Option(
         None, help="combine slot gradients by mean (DDP's, the default) or sum"
     )
@@ -70,6 +75,12 @@ class TrainingFlags:
     micro_batches: int | None = typer.Option(
         None, help="gradient accumulation: micro-batches of --batch-size per slot and step"
     )
+    local_steps: int | None = typer.Option(
+        None, help="local SGD / DiLoCo: inner SGD steps per slot between pushes; 0 or 1: off"
+    )
+    local_lr: float | None = typer.Option(
+        None, help="local SGD: the inner steps' learning rate (--lr is the outer optimizer's)"
+    )
     checkpoint_interval: int | None = typer.Option(None, help="checkpoint every N steps; 0: off")
     eval_every: int | None = typer.Option(
         None, help="evaluate the weights every N versions and at the end; 0: off"
@@ -83,6 +94,8 @@ class TrainingFlags:
         opt = spec.optimizer
         _set(opt, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
              clip_grad_norm=self.clip_grad_norm, clip_grad_value=self.clip_grad_value)  # fmt: skip
+        if self.nesterov:
+            opt.nesterov = True
         if self.reduction is not None:
             opt.reduction = _REDUCTIONS[self.reduction.value]
         shape = {
@@ -94,7 +107,8 @@ class TrainingFlags:
         if any(v is not None for v in shape.values()):
             _set(opt.schedule, **shape)  # on top of the model's default schedule, if any
         _set(spec, micro_batches=self.micro_batches, checkpoint_interval=self.checkpoint_interval,
-             eval_every=self.eval_every)  # fmt: skip
+             eval_every=self.eval_every, local_steps=self.local_steps,
+             local_lr=self.local_lr)  # fmt: skip
         if self.init_from is not None:
             # the trainers read the path themselves: make it absolute, and catch a
             # typo here rather than as a job whose trainers cannot start it
@@ -121,12 +135,16 @@ def describe_rule(spec: coordinator.JobSpec) -> str:
         parts.append(
             kind + (f" warmup={opt.schedule.warmup_steps}" * bool(opt.schedule.warmup_steps))
         )
+    if opt.nesterov:
+        parts.append("nesterov")
     if opt.clip_grad_norm:
         parts.append(f"clip-norm={opt.clip_grad_norm:g}")
     if opt.clip_grad_value:
         parts.append(f"clip-value={opt.clip_grad_value:g}")
     if spec.micro_batches > 1:
         parts.append(f"micro-batches={spec.micro_batches}")
+    if spec.local_steps > 1:
+        parts.append(f"local-steps={spec.local_steps} local-lr={spec.local_lr:g}")
     if spec.eval_every:
         parts.append(f"eval-every={spec.eval_every}")
     return "".join(" " + p for p in parts)

@@ -66,3 +66,52 @@ def test_recovery_counts_the_steps_done_again():
     ddp_baseline._recovery(run)
     assert run.recovery_s == pytest.approx(18.4)
     assert run.steps_repeated == 3  # 150, 151, 152 were done before the kill and again after
+
+
+def test_local_sgd_side_reads_the_same_batches_in_outer_steps():
+    from stalwart.bench import ddp
+
+    plain = ddp.workload(400)
+    spec = ddp.LocalSgd(8, inner_lr=0.1, outer_lr=0.7, outer_momentum=0.9).spec(400)
+    assert spec.steps * spec.local_steps == plain.steps  # 50 outer x 8 inner = 400 batches
+    assert (spec.num_slots, spec.batch_size, spec.model_args) == (
+        plain.num_slots, plain.batch_size, plain.model_args,
+    )  # fmt: skip
+    assert spec.local_lr == 0.1
+    opt = spec.optimizer
+    assert (opt.lr, opt.momentum, opt.nesterov) == (0.7, 0.9, True)
+    averaging = ddp.LocalSgd(4, outer_lr=1.0, outer_momentum=0.0).spec(400).optimizer
+    assert (averaging.momentum, averaging.nesterov) == (0.0, False)
+
+
+def test_local_sgd_result_names_rates_by_what_they_count():
+    from stalwart.bench import ddp
+
+    result = {"workload": "w", "stalwart_steps_per_s": 24.0, "ratio": 1.2, "kill_at_step": 150}
+    ours = [{"steps_per_s": 3.0, "accuracy": 0.96664}]
+    theirs = [{"steps_per_s": 20.0, "accuracy": 0.95}]
+    out = ddp._local_fields(result, ddp.LocalSgd(8), ours, theirs)
+    assert "stalwart_steps_per_s" not in out
+    assert (out["stalwart_inner_steps_per_s"], out["stalwart_outer_steps_per_s"]) == (24.0, 3.0)
+    assert (out["stalwart_accuracy"], out["ddp_accuracy"]) == (0.9666, 0.95)
+    assert out["ratio"] == 1.2 and out["stalwart_kill_at_outer_step"] == 18
+    assert ours == [{"outer_steps_per_s": 3.0, "accuracy": 0.96664}]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "404", "--local-steps", "8"], "multiple of --local-steps 8"),
+        (["--steps", "400", "--warmup", "4", "--local-steps", "8"], "warmup/H"),
+        (["--steps", "400", "--local-steps", "8", "--local-lr", "0"], "--local-lr"),
+    ],
+)
+def test_bench_ddp_refuses_local_settings_it_cannot_time(args, message):
+    from typer.testing import CliRunner
+
+    from stalwart.cli.main import app
+    from stalwart.cli.output import ExitCode
+
+    result = CliRunner().invoke(app, ["bench", "ddp", *args])
+    assert result.exit_code == ExitCode.INVALID_INPUT, result.output
+    assert result.output.startswith("Error:") and message in result.output

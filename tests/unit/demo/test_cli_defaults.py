@@ -36,3 +36,13 @@ def test_update_rule_flags_go_on_top_of_the_model_defaults():
     plain = build_spec("mlp", None, None, None, 0, None, None, 0.0, None, "sync", 0, 1, [])
     TrainingFlags(**none).apply(plain)
     assert plain == default_spec("mlp")  # no flag given: nothing changes
+
+
+def test_local_sgd_and_nesterov_flags_fill_the_spec_and_the_summary():
+    from stalwart.cli.trainflags import TrainingFlags, describe_rule
+
+    spec = build_spec("mlp", None, None, None, 0, "sgd", 0.7, 0.9, None, "sync", 0, 1, [])
+    none = {f: None for f in TrainingFlags.__dataclass_fields__}
+    TrainingFlags(**{**none, "local_steps": 8, "local_lr": 0.2, "nesterov": True}).apply(spec)
+    assert (spec.local_steps, spec.local_lr, spec.optimizer.nesterov) == (8, 0.2, True)
+    assert describe_rule(spec) == " nesterov local-steps=8 local-lr=0.2"
