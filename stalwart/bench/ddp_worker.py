@@ -2,8 +2,9 @@
 
 The same arithmetic a Stalwart sync job does, as a DDP user would write it:
 the job's model, batches keyed by (seed, rank, step), the optimizer built by
-:func:`stalwart.optim.build`, gradients summed over ranks (a comm hook that
-all-reduces without DDP's division by the world size, as Stalwart sums slots).
+:func:`stalwart.optim.build`, gradients reduced over ranks as the job's
+``OptimizerSpec.reduction`` says Stalwart reduces its slots: MEAN (the default) is
+DDP's own averaging, SUM a comm hook that all-reduces without the division.
 Recovery is DDP's usual one: rank 0 writes a checkpoint (weights, optimizer
 state, next step) every ``--ckpt-every`` steps, atomically; when the job is
 started again after a crash, the ranks resume from it.
@@ -26,7 +27,7 @@ from google.protobuf import json_format
 from torch.nn.parallel import DistributedDataParallel
 
 from stalwart import optim, training
-from stalwart.api import coordinator
+from stalwart.api import common, coordinator
 from stalwart.models import resolve
 
 
@@ -62,7 +63,8 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         start = state["step"]
     model = DistributedDataParallel(module)
-    model.register_comm_hook(None, _sum_hook)
+    if spec.optimizer.reduction == common.GRAD_REDUCTION_SUM:
+        model.register_comm_hook(None, _sum_hook)
     restart = os.environ.get("STALWART_DDP_ATTEMPT", "0")
     progress = open(args.dir / "progress", "a", buffering=1) if rank == 0 else None  # noqa: SIM115
     for step in range(start, spec.steps):
