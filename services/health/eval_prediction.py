@@ -17,6 +17,7 @@ import dataclasses
 import time
 
 import numpy as np
+import torch
 
 from services.health import detectors, fgl, metrics
 from services.health.datasets import PredictionSet
@@ -221,6 +222,20 @@ def train_index(n: int, seed: int, cap: int = MAX_TRAIN_WINDOWS) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, cap, replace=False))
 
 
+def environment() -> dict:
+    """What the networks' figures depend on beside the code and the seed. Two runs in
+    one environment print the same figures. Torch picks its CPU kernels by instruction
+    set (``cpu_capability``), and kernels of another set, or of another torch build,
+    round differently: the same seed's network then ends its training with other
+    weights, and its figures can move by a module or so."""
+    return {
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+
+
 def run(
     ds: PredictionSet,
     seed: int = 0,
@@ -271,5 +286,6 @@ def run(
             "test": len(test_e),
         },
         "methods": results,
+        "environment": environment(),
         "seconds": round(time.time() - t0, 1),
     }

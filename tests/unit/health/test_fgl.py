@@ -86,3 +86,30 @@ def test_class_balance_follows_the_data_set():
     assert fgl._class_weights(y, False).tolist() == [1.0, 1.0]
     assert eval_prediction.SETTINGS["transceiver"]["balanced"] is False
     assert eval_prediction.DEFAULT["balanced"] is True  # C-MAPSS and csv keep balancing
+
+
+def test_the_same_seed_trains_the_same_networks():
+    # Two runs of the same command must print the same figures: the data, the split, the
+    # windows, the batch order and the initial weights all follow the seed.
+    def once():
+        ds = PredictionSet(
+            "transceiver", list(transceiver.CHANNELS),
+            transceiver.generate(16, 21, prefix="a"), transceiver.generate(6, 22, prefix="b"),
+            transceiver.HORIZON_H, "hours", transceiver.STEP_H, transceiver.NOTES,
+        )
+        (fit, _), (val, _), _ = eval_prediction._build(ds, 3)
+        idx = np.arange(0, len(fit.end), 16)
+        cfg = fgl.TrainConfig(epochs=1, seed=3, balanced=False)
+        _, student = fgl.train_fgl(fit, idx, cfg)
+        lstm = fgl.train_lstm(fit, idx, cfg)
+        return fgl.predict_proba(student, val), fgl.predict_proba(lstm, val)
+
+    first, second = once(), once()
+    assert np.array_equal(first[0], second[0]) and np.array_equal(first[1], second[1])
+    assert not np.array_equal(first[0], first[1])  # the teacher changed the student
+
+
+def test_prediction_results_name_their_environment():
+    env = eval_prediction.environment()
+    assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
+    assert env["cpu_capability"]
