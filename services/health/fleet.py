@@ -42,6 +42,12 @@ class HealthConfig:
     fit_samples: int = 200
     drain_threshold: float = 0.8
     anomaly_alert: float = 0.995
+    anomaly_alert_scorings: int = 3
+    """An anomaly alert needs this many consecutive scorings at ``anomaly_alert`` or
+    above (one every ``anomaly_every_seconds``), as an alerting rule's ``for:`` does:
+    watched live, an idle node's spiky gauges (cpu of a sleeping process, a heartbeat's
+    allocation) crossed it for one scoring now and then, and every node alerted about
+    every 30 s. The risk itself is not held back."""
     anomaly_weight: float = 0.6
     anomaly_every_seconds: float = 2.0
     """A node's anomaly score is recomputed at most this often (the rules run on every
@@ -91,6 +97,7 @@ class Fleet:
         self.corrupt: dict[str, str] = {}  # node id -> why (sticky risk 1)
         self._last_alert: dict[tuple[str, str], float] = {}  # (node, kind) -> time
         self._scored: dict[str, tuple[float, float, list[str]]] = {}  # node -> (t, score, top)
+        self._strange_streak: dict[str, int] = {}  # node -> scorings in a row >= alert
         self._fit_at: float | None = None  # when the last fit's samples were handed out
         self._centre: dict[str, float] = {}  # gauge -> the live fleet's median
         self._centre_at: float | None = None
@@ -215,6 +222,9 @@ class Fleet:
         anomaly, top = self.forest.score(self._relative.get(window.node_id, {}))
         if self.forest.fitted:  # before the fit every score is 0: score again once fitted
             self._scored[window.node_id] = (now, anomaly, top)
+            strange = anomaly >= self.config.anomaly_alert
+            streak = self._strange_streak.get(window.node_id, 0)
+            self._strange_streak[window.node_id] = streak + 1 if strange else 0
         return anomaly, top
 
     def _alerts(self, a: Assessment, now: float) -> list[AlertDraft]:
@@ -226,7 +236,7 @@ class Fleet:
             if a.lead_s is not None:
                 why += f"; failure expected in {a.lead_s:.0f} s" if a.lead_s else "; failing now"
             out.append(AlertDraft(kind, a.node_id, a.risk, why, drain=True))
-        elif a.anomaly >= cfg.anomaly_alert:
+        elif self._strange_streak.get(a.node_id, 0) >= cfg.anomaly_alert_scorings:
             why = ", ".join(a.top_signals) or "unusual combination of readings"
             out.append(AlertDraft(ANOMALY, a.node_id, a.risk,
                                   f"telemetry unlike the fleet's ({why})", drain=False))  # fmt: skip

@@ -147,9 +147,30 @@ def test_anomaly_alone_alerts_but_does_not_ask_for_a_drain():
     for i in range(50):
         fleet.observe(f"n{i % 5}", float(i), i, {"gpu_power_watts": 300.0 + (i % 7)})
     fleet.forest.fit()
-    a, drafts = fleet.observe("n1", 60.0, 60, {"gpu_power_watts": 100.0})
-    assert a.anomaly == 1.0 and a.risk == pytest.approx(0.6)
-    assert [(d.kind, d.drain) for d in drafts] == [(ANOMALY, False)]
+    # the risk shows at once; the alert waits for the third strange scoring in a row
+    # (one every anomaly_every_seconds, 2 s), and its peers keep reporting meanwhile
+    kinds = []
+    for k, t in enumerate((60.0, 62.5, 65.0)):
+        for peer in ("n0", "n2", "n3", "n4"):
+            fleet.observe(peer, t, 60 + k, {"gpu_power_watts": 300.0 + k})
+        a, drafts = fleet.observe("n1", t, 60 + k, {"gpu_power_watts": 100.0})
+        assert a.anomaly == 1.0 and a.risk == pytest.approx(0.6)
+        kinds.append([(d.kind, d.drain) for d in drafts])
+    assert kinds == [[], [], [(ANOMALY, False)]]
+
+
+def test_one_strange_scoring_between_normal_ones_raises_no_alert():
+    fleet = Fleet(HealthConfig(fit_samples=50))
+    for i in range(50):
+        fleet.observe(f"n{i % 5}", float(i), i, {"gpu_power_watts": 300.0 + (i % 7)})
+    fleet.forest.fit()
+    readings = [100.0, 300.0, 100.0, 100.0, 302.0, 100.0]  # never three strange in a row
+    for k, watts in enumerate(readings):
+        t = 60.0 + 2.5 * k
+        for peer in ("n0", "n2", "n3", "n4"):
+            fleet.observe(peer, t, 60 + k, {"gpu_power_watts": 300.0 + k % 3})
+        _, drafts = fleet.observe("n1", t, 60 + k, {"gpu_power_watts": watts})
+        assert drafts == []
 
 
 def test_gauge_names_need_most_samples():
