@@ -100,7 +100,7 @@ class Fleet:
         self._strange_streak: dict[str, int] = {}  # node -> scorings in a row >= alert
         self._fit_at: float | None = None  # when the last fit's samples were handed out
         self._centre: dict[str, float] = {}  # gauge -> the live fleet's median
-        self._centre_at: float | None = None
+        self._centre_at = 0.0  # when _centre was taken (meaningless while it is empty)
         self._relative: dict[str, dict[str, float]] = {}  # node -> its latest departures
 
     # --- input ----------------------------------------------------------------------
@@ -123,17 +123,17 @@ class Fleet:
         cover yet (new since it was taken) is left out until it does."""
         # Taken again at once while it is empty (fewer than two live nodes), so the
         # second node to report has a median to depart from from its first sample.
-        due = not self._centre or self._centre_at is None or not 0 <= now - self._centre_at < (
-            self.config.peer_centre_seconds)  # fmt: skip
-        if due:
+        if not self._centre or not 0 <= now - self._centre_at < self.config.peer_centre_seconds:
             self._centre, self._centre_at = self._fleet_centre(now), now
         return {k: v - self._centre[k] for k, v in metrics.items() if k in self._centre}
 
+    def _live(self, now: float) -> dict[str, NodeWindow]:
+        """The windows of the nodes heard from within ``peer_stale_seconds``."""
+        stale = self.config.peer_stale_seconds
+        return {n: w for n, w in self.windows.items() if now - w.last_time <= stale}
+
     def _fleet_centre(self, now: float) -> dict[str, float]:
-        latest = [
-            w.samples[-1].metrics for w in self.windows.values()
-            if now - w.last_time <= self.config.peer_stale_seconds
-        ]  # fmt: skip
+        latest = [w.samples[-1].metrics for w in self._live(now).values()]
         if len(latest) < 2:
             return {}  # no peers: no departures, and nothing for the detector to learn
         values: dict[str, list[float]] = {}
@@ -172,10 +172,7 @@ class Fleet:
 
     def _reference_is_stale(self, now: float) -> bool:
         cfg = self.config
-        live = [
-            self.assessments[n] for n, w in self.windows.items()
-            if n in self.assessments and now - w.last_time <= cfg.peer_stale_seconds
-        ]  # fmt: skip
+        live = [self.assessments[n] for n in self._live(now) if n in self.assessments]
         flagged = sum(a.anomaly >= cfg.anomaly_alert for a in live)
         return 2 * flagged > len(live)
 
@@ -193,10 +190,7 @@ class Fleet:
 
     def _assess(self, window: NodeWindow, now: float) -> Assessment:
         cfg = self.config
-        peers = [
-            w for w in self.windows.values()
-            if w is not window and now - w.last_time <= cfg.peer_stale_seconds
-        ]  # fmt: skip
+        peers = [w for w in self._live(now).values() if w is not window]
         findings = (
             rules.hardware(window)
             + rules.thermal(window, cfg.rules)

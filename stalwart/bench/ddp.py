@@ -2,7 +2,8 @@
 
 Workload (both sides): ``digits-cnn`` width 16 (conv 1->16->32, fc 512->128->10),
 3 data-parallel workers of 32 samples each, SGD lr 0.05 momentum 0.9, seed 0,
-CPU, one intra-op thread per process; gradients summed over workers.
+CPU, one intra-op thread per process; gradients reduced over workers as the
+job's spec says on both sides (mean by default).
 
 - Stalwart: one default local cluster (2 coordinators, a paramserver primary +
   backup, 3 trainers + 1 warm standby) for all trials. Per trial a fault-free
