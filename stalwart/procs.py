@@ -54,14 +54,15 @@ _CLONE_NEWNET = 0x40000000  # <sched.h>
 _PR_SET_NAME = 15  # <linux/prctl.h>
 
 # Imported once by the fork server; what services import beyond these is cheap.
-# torch._dynamo (1.5 s) is what torch.optim pulls in at a service's first optimizer step.
+# torch._dynamo is what torch.optim pulls in at a service's first optimizer step.
 # structlog, rich, prometheus_client and stalwart's own shared modules: ~1 s more per
-# service, none of them reads the environment when imported. sklearn.datasets (2.5 s of
-# CPU): what a trainer taking up a digits job imports first, inside a recovery.
+# service, none of them reads the environment when imported. scikit-learn is left out
+# (3.5 s of the launcher's import, on `stalwart up`'s critical path): the digits task
+# reads its CSV without it, and the health service imports it at its first fit.
 PRELOADED_MODULES = [
     "torch", "torch._dynamo", "grpc", "numpy", "google.protobuf", "pydantic_settings",
     "structlog", "rich.console", "prometheus_client", "stalwart.api", "stalwart.server",
-    "stalwart.training", "sklearn.datasets",
+    "stalwart.training",
 ]  # fmt: skip
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 import torch
 
@@ -82,6 +86,29 @@ def test_embedding_touches_at_most_touched_rows():
     task.loss(model, x, y).backward()
     touched_rows = (model.table.weight.grad.abs().sum(dim=1) > 0).sum().item()
     assert 0 < touched_rows <= 16
+
+
+def test_digits_read_from_the_bundled_csv_equal_scikit_learns_loader():
+    from sklearn.datasets import load_digits
+
+    from stalwart.models import digits
+
+    assert digits._bundled_csv() is not None  # else the fast path is never taken
+    pixels, target = digits._digits_arrays()
+    expected = load_digits()
+    assert pixels.dtype == expected.data.dtype and pixels.shape == (1797, 64)
+    assert np.array_equal(pixels, expected.data)
+    assert np.array_equal(target, expected.target)
+
+
+def test_digits_load_without_importing_sklearn_datasets():
+    # The launcher's preload leaves scikit-learn out: a trainer's first digits batch
+    # must not import it inside a recovery.
+    code = ("import sys; from stalwart.models import digits; digits.split(0); "
+            "print('sklearn.datasets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_digits_split_is_fixed_and_disjoint():
