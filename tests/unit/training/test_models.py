@@ -104,10 +104,13 @@ def test_digits_read_from_the_bundled_csv_equal_scikit_learns_loader():
 def test_digits_load_without_importing_sklearn_datasets():
     # The launcher's preload leaves scikit-learn out: a trainer's first digits batch
     # must not import it inside a recovery.
-    code = ("import sys; from stalwart.models import digits; digits.split(0); "
-            "print('sklearn.datasets' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys; from stalwart.models import digits; digits.split(0); "
+        "print('sklearn.datasets' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
