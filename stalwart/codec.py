@@ -224,6 +224,87 @@ def passthrough(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     return serializer
 
 
+@dataclass(frozen=True, slots=True)
+class WireChunk:
+    """A chunk stream message read from its wire bytes by :func:`read_chunk_message`.
+
+    Has the fields of a ``TensorChunk``; ``data`` is a view into ``message``,
+    the message as it was received, which a primary forwards to its backups as
+    it is (every streaming message of the API puts the chunk at the same field).
+    """
+
+    tensor_index: int
+    offset: int
+    data: memoryview
+    crc32c: int
+    message: bytes
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it); (-1, -1) for one cut short or over 10 bytes."""
+    value = shift = 0
+    while pos < len(buf) and shift < 70:
+        byte = buf[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    return -1, -1
+
+
+def read_chunk_message(message: bytes) -> WireChunk | None:
+    """The chunk of a serialized ``{chunk: TensorChunk}`` stream message, read
+    without protobuf: its data is not copied (protobuf's message copies it
+    each time ``data`` is read).
+
+    Reads only the form :func:`chunk_message` writes (any field order, fields
+    repeated or left out); None for anything else (a header, unknown fields,
+    a chunk spread over several fields, bad input), for protobuf to parse.
+    """
+    if len(message) < 2 or message[0] != 0x12:  # TensorChunk chunk = 2
+        return None
+    size, pos = _read_varint(message, 1)
+    if pos < 0 or pos + size != len(message):
+        return None
+    index = offset = crc = 0
+    start = end = pos
+    while 0 <= pos < len(message):
+        tag = message[pos]
+        if tag == 0x08:
+            index, pos = _read_varint(message, pos + 1)
+        elif tag == 0x10:
+            offset, pos = _read_varint(message, pos + 1)
+        elif tag == 0x1A:
+            size, start = _read_varint(message, pos + 1)
+            end = pos = start + size if start >= 0 else -1
+        elif tag == 0x25 and pos + 5 <= len(message):
+            crc, pos = int.from_bytes(message[pos + 1 : pos + 5], "little"), pos + 5
+        else:
+            return None
+    if pos != len(message) or index >> 32 or offset >> 64:
+        return None
+    return WireChunk(index, offset, memoryview(message)[start:end], crc, message)
+
+
+def chunk_reader(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """A gRPC deserializer for a chunk stream: chunk messages as :class:`WireChunk`,
+    anything else (the header) by ``parse``."""
+
+    def deserializer(message: bytes) -> Any:
+        chunk = read_chunk_message(message)
+        return chunk if chunk is not None else parse(message)
+
+    return deserializer
+
+
+def chunk_of(message: Any) -> WireChunk | common.TensorChunk | None:
+    """The chunk a stream message carries, read either way; None if it is no chunk."""
+    if isinstance(message, WireChunk):
+        return message
+    return message.chunk if message.WhichOneof("part") == "chunk" else None
+
+
 def validate_specs(
     specs: Iterable[common.TensorSpec], limits: Limits = DEFAULT_LIMITS
 ) -> list[common.TensorSpec]:
@@ -283,7 +364,7 @@ class ChunkAssembler:
         self._chunks = 0
         self._crc = 0  # running CRC32C over every chunk's bytes, for dedupe keys
 
-    def add(self, chunk: common.TensorChunk) -> memoryview:
+    def add(self, chunk: common.TensorChunk | WireChunk) -> memoryview:
         """Check and place one chunk; returns its bytes (for a chunk inside one
         tensor, the tensor memory it now fills)."""
         self._chunks += 1

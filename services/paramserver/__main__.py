@@ -15,7 +15,7 @@ from services.paramserver.replica import ReplicaState, Role
 from services.paramserver.replicator import Replicator
 from services.paramserver.servicer import ParamServer, add_to_server
 from services.paramserver.settings import ParamServerSettings
-from stalwart import codec, log
+from stalwart import codec, heap, log
 from stalwart.api import common
 from stalwart.channel import ChannelConfig, open_channel
 from stalwart.client.paramserver import ParamServerStub
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     if faults.active:
         log.get_logger(__name__).warning("TEST FAULT INJECTION IS ON", faults=settings.faults)
     torch.set_num_threads(settings.torch_threads)
+    heap.keep_freed_memory()  # a push's buffers are reused, not faulted in again
     _warm_up()
     run_process(run, settings)
 

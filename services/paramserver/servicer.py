@@ -63,7 +63,7 @@ async def _first(request_iterator, field_name: str):
     except StopAsyncIteration:
         await _stream_ended(complete=False)
         raise StalwartError(ErrorKind.TRUNCATED_STREAM, "empty stream: no header") from None
-    if first.WhichOneof("part") != "header":
+    if isinstance(first, codec.WireChunk) or first.WhichOneof("part") != "header":
         raise StalwartError(ErrorKind.BAD_STREAM, f"the first message must be the {field_name}")
     return first.header
 
@@ -75,9 +75,9 @@ async def _read_tensors(
     out, ``placed`` being its bytes (see ``ChunkAssembler.add``)."""
     assembler = codec.ChunkAssembler(specs, limits, packed)
     async for message in request_iterator:
-        if message.WhichOneof("part") != "chunk":
+        chunk = codec.chunk_of(message)
+        if chunk is None:
             raise StalwartError(ErrorKind.BAD_STREAM, "only chunks may follow the header")
-        chunk = message.chunk
         placed = assembler.add(chunk)
         if on_chunk is not None:
             await on_chunk(chunk, placed)
@@ -202,11 +202,15 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             await self.replicator.forward_header(forwards, header)
 
             async def forward(chunk, placed):
-                # serialized once, straight from where the chunk landed, with the
-                # sender's CRC32C: the backup checks the bytes it gets against it
-                message = codec.chunk_message(
-                    chunk.tensor_index, chunk.offset, placed, chunk.crc32c
-                )
+                # the message as received (the backup checks its bytes against the
+                # sender's CRC32C); one parsed by protobuf is serialized again, once,
+                # straight from where the chunk landed
+                if isinstance(chunk, codec.WireChunk):
+                    message = chunk.message
+                else:
+                    message = codec.chunk_message(
+                        chunk.tensor_index, chunk.offset, placed, chunk.crc32c
+                    )
                 await self.replicator.forward_chunk(forwards, message)
 
             assembler = await _read_tensors(
@@ -601,10 +605,17 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                         job.committed.notify_all()  # pulls wait for durable state
 
 
+# Calls whose request stream is a header and then chunks.
+_CHUNK_STREAMS = ("RegisterModel", "Push", "ReplicatePush", "InstallState")
+
+
 def add_to_server(servicer: ParamServer, server) -> None:
     """Register the servicer like the generated ``add_..._to_server``, except that
     Pull's serializer also sends messages already serialized: the cached chunks
-    (``bytes`` from :func:`codec.encode_chunk_messages`), without a copy per pull."""
+    (``bytes`` from :func:`codec.encode_chunk_messages`), without a copy per pull;
+    and the chunk streams' chunks are read by :func:`codec.read_chunk_message`,
+    without protobuf's copies of their data (a push's chunks go on to the
+    backups as they came)."""
 
     class _Capture:
         def __init__(self):
@@ -624,6 +635,11 @@ def add_to_server(servicer: ParamServer, server) -> None:
     handlers["Pull"] = pull._replace(
         response_serializer=codec.passthrough(pull.response_serializer)
     )
+    for name in _CHUNK_STREAMS:
+        handler = handlers[name]
+        handlers[name] = handler._replace(
+            request_deserializer=codec.chunk_reader(handler.request_deserializer)
+        )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(capture.service, handlers),)
     )

@@ -692,3 +692,116 @@ def test_packed_chunks_out_of_order_or_truncated():
     asm.add(raw_chunk(0, 0, bytes(3)))
     with raises_kind(ErrorKind.TRUNCATED_STREAM):
         asm.finish()
+
+
+# --- chunk messages read without protobuf (the servers' chunk streams) -------------
+
+
+def _fields(chunk) -> tuple[int, int, bytes, int]:
+    return chunk.tensor_index, chunk.offset, bytes(chunk.data), chunk.crc32c
+
+
+def _protobuf_reads(message: bytes):
+    """What protobuf makes of ``message`` as a PushRequest: its chunk's fields, or None."""
+    from google.protobuf.message import DecodeError
+
+    from stalwart.api import paramserver
+
+    try:
+        parsed = paramserver.PushRequest.FromString(message)
+    except DecodeError:
+        return None
+    return _fields(parsed.chunk) if parsed.WhichOneof("part") == "chunk" else None
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 64, 150, 1 << 20])
+def test_read_chunk_message_reads_every_message_the_encoder_writes(chunk_bytes, packed):
+    for message in codec.encode_chunk_messages(MIXED, chunk_bytes, packed):
+        chunk = codec.read_chunk_message(message)
+        assert chunk is not None
+        assert _fields(chunk) == _protobuf_reads(message)
+        assert chunk.message is message  # forwarded as received, no copy
+        assert chunk.data.obj is message  # the data is a view into it
+
+
+def test_read_chunk_message_takes_long_varints_any_field_order_and_repeats():
+    data = bytes(range(200)) * 700
+    for index, offset, crc in [(0, 0, 0), (1, 1, 1), (300, 2**40 + 5, 0xFFFFFFFF)]:
+        message = codec.chunk_message(index, offset, data, crc)
+        assert _fields(codec.read_chunk_message(message)) == (index, offset, data, crc)
+    empty = codec.read_chunk_message(b"\x12\x00")
+    assert _fields(empty) == (0, 0, b"", 0)
+    # crc before data, the index given twice (the last wins), as protobuf reads them
+    body = b"\x25\x01\x02\x03\x04" + b"\x08\x07" + b"\x1a\x03abc" + b"\x08\x09"
+    message = b"\x12" + bytes([len(body)]) + body
+    assert _fields(codec.read_chunk_message(message)) == _protobuf_reads(message)
+    assert _protobuf_reads(message) == (9, 0, b"abc", 0x04030201)
+
+
+def test_read_chunk_message_leaves_everything_else_to_protobuf():
+    from stalwart.api import paramserver
+
+    header = paramserver.PushRequest(header=paramserver.PushHeader(job_id="j", step=3))
+    good = codec.chunk_message(2, 8, b"abcd", 5)
+    for message in [
+        header.SerializeToString(),
+        b"",
+        b"\x12",
+        good[:-1],  # cut short
+        good + b"\x08\x01",  # a field after the chunk
+        good + good,  # the chunk in two fields (protobuf merges them)
+        b"\x12\x02\x30\x01",  # an unknown field inside the chunk
+        b"\x12\x02\x88\x00",  # a tag in two bytes
+        b"\x12\x06\x08\x80\x80\x80\x80\x10",  # an index over 32 bits (protobuf truncates)
+    ]:
+        assert codec.read_chunk_message(message) is None, message
+    reader = codec.chunk_reader(paramserver.PushRequest.FromString)
+    assert reader(header.SerializeToString()) == header
+    assert isinstance(reader(good), codec.WireChunk)
+    assert codec.chunk_of(reader(header.SerializeToString())) is None
+    assert _fields(codec.chunk_of(paramserver.PushRequest.FromString(good))) == (2, 8, b"abcd", 5)
+
+
+def test_read_chunk_message_never_reads_what_protobuf_reads_otherwise():
+    """Every corruption of a message is either left to protobuf or read exactly as
+    protobuf reads it."""
+    g = torch.Generator().manual_seed(7)
+    base = [
+        codec.chunk_message(3, 300, bytes(range(40)), 0xDEADBEEF),
+        codec.chunk_message(0, 0, b"xy", 0),
+    ]
+    read = 0
+    for message in base:
+        for _ in range(400):
+            bad = bytearray(message)
+            for pos in torch.randint(0, len(bad), (2,), generator=g).tolist():
+                bad[pos] = int(torch.randint(0, 256, (1,), generator=g))
+            bad = bytes(bad)
+            chunk = codec.read_chunk_message(bad)
+            if chunk is not None:
+                read += 1
+                assert _fields(chunk) == _protobuf_reads(bad), bad
+    assert read > 100  # most corruptions hit the data, which still reads
+
+
+def test_wire_chunks_assemble_bitwise_and_a_flipped_byte_is_data_loss():
+    t = sample(torch.float32, (64, 33))
+    messages = list(codec.encode_chunk_messages([t], 1000))
+    asm = assembler_for(t)
+    for m in messages:
+        asm.add(codec.read_chunk_message(m))
+    assert_bitwise(asm.finish()["t0"], t)
+    bad = bytearray(messages[0])
+    bad[len(bad) // 2] ^= 0x01
+    with raises_kind(ErrorKind.CHECKSUM_MISMATCH):
+        assembler_for(t).add(codec.read_chunk_message(bytes(bad)))
+
+
+def test_crc_of_any_buffer_is_the_crc_of_its_bytes():
+    t = sample(torch.float32, (3, 1000))
+    want = google_crc32c.value(bytes(codec.byte_view(t)))
+    assert codec.crc32c(memoryview(t.numpy())) == want  # 2-d, format "f"
+    assert codec.crc32c(bytearray(codec.byte_view(t))) == want
+    assert codec.crc32c(memoryview(b"")) == google_crc32c.value(b"") == 0
+    assert codec.crc32c(memoryview(b""), 77) == 77
