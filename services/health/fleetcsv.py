@@ -196,7 +196,8 @@ def _batches(fh, header: list[str], fields: _FieldCount):
 
     read = pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=BLOCK_BYTES,
                              use_threads=False)
-    parse = pacsv.ParseOptions(ignore_empty_lines=False, invalid_row_handler=fields)
+    parse = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False,
+                               invalid_row_handler=fields)
     text = pacsv.ConvertOptions(column_types={c: pa.string() for c in header},
                                 strings_can_be_null=False)
     yield from pacsv.open_csv(fh, read_options=read, parse_options=parse, convert_options=text)

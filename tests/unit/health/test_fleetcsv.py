@@ -203,3 +203,12 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
     p.write_bytes(b"entity,timestamp,temp,failure_time\nm\xe9,0,40,\n")
     line = _refused(capsys, p)
     assert "row 2" in line and "cannot be read" in line, line
+
+
+@pytest.mark.parametrize("block_bytes", [40, 1 << 20])
+def test_a_quoted_line_break_stays_in_its_cell(tmp_path, monkeypatch, block_bytes):
+    monkeypatch.setattr(fleetcsv, "BLOCK_BYTES", block_bytes)  # blocks cut inside the quotes
+    p = _write(tmp_path, [PRED, '"rack 1', 'm1",0,40,', '"rack 1', 'm1",1,41,', "m2,0,40,"])
+    ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(progress=False))
+    ents = {e.name: e for e in ds.train + ds.test}
+    assert set(ents) == {"rack 1\nm1", "m2"} and ents["rack 1\nm1"].x[:, 0].tolist() == [40, 41]
