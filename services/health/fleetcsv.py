@@ -1,9 +1,11 @@
 """Fleet telemetry from a CSV export, read in one streaming pass.
 
-Rows are parsed one at a time and kept per entity in compact typed arrays (4 bytes a
-metric value), so memory grows with the data's numbers, not with Python objects per
-cell. Every bad input is refused with a ``CsvError``: one line naming the row (the
-file's line number, header = row 1) and the column. ``SCHEMA`` is the contract.
+pyarrow's streaming CSV reader cuts the file into blocks of ``BLOCK_BYTES``, every
+column as text; each block goes through ``fleetbatch.add_batch``, the code Parquet's
+record batches go through, which checks and converts whole columns and keeps the rows
+per entity in compact typed arrays (4 bytes a metric value). Memory is one block plus
+the data's numbers. Every bad input is refused with a ``CsvError``: one line naming the
+row (the file's line number, header = row 1) and the column. ``SCHEMA`` is the contract.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ PROFILES = ("transceiver",)
 _LANE = re.compile(r"^(.*)_(\d+)$")
 _MISSING = ("", "nan", "NaN", "NA")
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files are read without a bar
+BLOCK_BYTES = 1 << 20
+"""A CSV file is read in blocks of this many bytes, a batch each (about 8,000 rows of the
+transceiver export). Arrow's default; the read's peak grew with it (407 MiB max RSS
+reading the 400 MB export at 1 MiB, 457 at 2, 632 at 8), its time did not shrink."""
 
 
 class CsvError(ValueError):
@@ -92,12 +98,13 @@ class _Progress:
     def __init__(self, path: Path, enabled: bool):
         self.total = path.stat().st_size
         self.on = enabled and self.total >= PROGRESS_MIN_BYTES
-        self.done, self.shown = 0, -1
+        self.done, self.shown = 0, 0
 
     def advance(self, nbytes: int) -> None:
         self.done += nbytes
         pct = int(100 * self.done / self.total) if self.total else 100
-        if self.on and pct != self.shown and (sys.stderr.isatty() or pct % 10 == 0):
+        step = 1 if sys.stderr.isatty() else 10  # a log gets a line every 10%, none skipped
+        if self.on and pct // step > self.shown // step:
             self.shown = pct
             bar = "#" * (pct // 4)
             end = "\r" if sys.stderr.isatty() and pct < 100 else "\n"
@@ -105,98 +112,117 @@ class _Progress:
                   file=sys.stderr, flush=True)
 
 
-def _lines(path: Path, progress: _Progress):
-    with path.open("rb") as fh:
-        for raw in fh:
-            progress.advance(len(raw))
-            yield raw.decode("utf-8")
-
-
-def _header(reader, path: Path) -> list[str]:
-    header = [c.strip() for c in next(reader, [])]
+def check_header(path: Path, names: list[str], where: str) -> list[str]:
+    """The column names, refused unless SCHEMA's columns are there once each; ``where``
+    names the header in messages (a CSV's row 1, a Parquet file's schema)."""
     for col in ("entity", "timestamp"):
-        if col not in header:
-            raise CsvError(f"{path}: row 1 (header): missing column '{col}' (schema: "
+        if col not in names:
+            raise CsvError(f"{path}: {where}: missing column '{col}' (schema: "
                            "stalwart health eval --help)")
-    if ("label" in header) == ("failure_time" in header):
-        raise CsvError(f"{path}: row 1 (header): need exactly one of the columns 'label' "
+    if ("label" in names) == ("failure_time" in names):
+        raise CsvError(f"{path}: {where}: need exactly one of the columns 'label' "
                        "(detection) or 'failure_time' (prediction)")
-    dup = sorted({c for c in header if header.count(c) > 1})
+    dup = sorted({c for c in names if names.count(c) > 1})
     if dup:
-        raise CsvError(f"{path}: row 1 (header): column '{dup[0]}' appears twice")
-    return header
+        raise CsvError(f"{path}: {where}: column '{dup[0]}' appears twice")
+    return list(names)
+
+
+def _header(path: Path) -> list[str]:
+    """Row 1, read with Python's csv module (the rows after it are Arrow's to read)."""
+    with path.open("rb") as fh:
+        first = fh.readline()
+    try:
+        names = [c.strip() for c in next(csv.reader([first.decode("utf-8")]), [])]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise CsvError(f"{path}: row 1 (header): cannot be read ({exc})") from None
+    return check_header(path, names, "row 1 (header)")
+
+
+class _FieldCount:
+    """Arrow's reader calls this for a row whose field count is not the header's: the
+    row is refused with its line number (known: the reader is single threaded)."""
+
+    def __init__(self, path: Path, fields: int):
+        self.path, self.fields = path, fields
+        self.error: CsvError | None = None
+
+    def __call__(self, bad) -> str:
+        self.error = CsvError(f"{self.path}: row {bad.number}: {bad.actual_columns} fields, "
+                              f"the header has {self.fields}")
+        return "error"
 
 
 def _stream(path: Path, opts: CsvOptions):
+    """(metrics, per-entity rows, is detection): Arrow's streaming CSV reader, every
+    column as text, each block through ``fleetbatch.add_batch`` as Parquet's batches."""
+    import pyarrow as pa
+
+    from services.health.fleetbatch import add_batch
+
     unit = TIME_UNITS.get(opts.time_unit)
     if unit is None:
         raise CsvError(f"--time-unit {opts.time_unit!r}: one of {', '.join(TIME_UNITS)}")
-    reader = csv.reader(_lines(path, _Progress(path, opts.progress)))
-    header = _header(reader, path)
-    col = {c: header.index(c) for c in RESERVED if c in header}
+    header = _header(path)
     metrics = [c for c in header if c not in RESERVED]
-    mcols = [header.index(c) for c in metrics]
+    detection = "label" in header
+    fields = _FieldCount(path, len(header))
+    progress = _Progress(path, opts.progress)
     ents: dict[str, _Rows] = {}
-    row = 1
-    for fields in reader:
-        row += 1
-        if not fields:
-            continue
-        if len(fields) != len(header):
-            raise CsvError(f"{path}: row {row}: {len(fields)} fields, the header has "
-                           f"{len(header)}")
-        _add(ents, fields, row, col, mcols, header, unit, path)
-    return metrics, ents, "label" in col
+    row = 2  # the line of the next batch's first row
+    with path.open("rb") as fh:
+        try:
+            for batch in _batches(fh, header, fields):
+                rows = np.arange(row, row + batch.num_rows)
+                row += batch.num_rows
+                add_batch(ents, *_without_blank_lines(batch, rows), metrics, detection, unit,
+                          path)
+                progress.advance(fh.tell() - progress.done)
+        except pa.ArrowInvalid as exc:
+            if fields.error is not None:
+                raise fields.error from None
+            raise CsvError(f"{path}: rows from row {row} on cannot be read "
+                           f"({_first_line(exc)})") from None
+    progress.advance(progress.total - progress.done)
+    return metrics, ents, detection
+
+
+def _batches(fh, header: list[str], fields: _FieldCount):
+    """Record batches of text columns, one per ``BLOCK_BYTES`` of the file. Blank lines
+    come as rows (of empty cells), so every line has its row and rows keep their line
+    numbers; single threaded, so Arrow knows a bad row's line number too."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    read = pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=BLOCK_BYTES,
+                             use_threads=False)
+    parse = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False,
+                               invalid_row_handler=fields)
+    text = pacsv.ConvertOptions(column_types={c: pa.string() for c in header},
+                                strings_can_be_null=False)
+    yield from pacsv.open_csv(fh, read_options=read, parse_options=parse, convert_options=text)
+
+
+def _without_blank_lines(batch, rows: np.ndarray):
+    """The batch less its rows of empty cells only (blank lines, or a row of commas):
+    skipped, as a blank line always was; a row with any cell given is checked."""
+    import pyarrow.compute as pc
+
+    blank = pc.equal(batch.column(0), "")
+    if not pc.any(blank).as_py():  # the usual case: one comparison a batch
+        return batch, rows
+    for column in batch.columns[1:]:
+        blank = pc.and_(blank, pc.equal(column, ""))
+    keep = pc.invert(blank)
+    return batch.filter(keep), rows[keep.to_numpy(zero_copy_only=False)]
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _bad(path, row, name, value, what) -> CsvError:
     return CsvError(f"{path}: row {row}, column '{name}': {value!r} is not {what}")
-
-
-def _add(ents, f, row, col, mcols, header, unit, path) -> None:
-    name = f[col["entity"]].strip()
-    if not name:
-        raise CsvError(f"{path}: row {row}, column 'entity': empty")
-    e = ents.get(name) or ents.setdefault(name, _Rows())
-    try:
-        e.t.append(parse_time(f[col["timestamp"]], unit))
-    except ValueError:
-        raise _bad(path, row, "timestamp", f[col["timestamp"]],
-                   "a number or an ISO 8601 time") from None
-    for c in mcols:
-        v = f[c].strip()
-        try:
-            e.x.append(float("nan") if v in _MISSING else float(v))
-        except ValueError:
-            raise _bad(path, row, header[c], v, "a number (empty = missing)") from None
-    if "label" in col:
-        v = f[col["label"]].strip()
-        if v not in ("0", "1", ""):
-            raise _bad(path, row, "label", v, "0 or 1")
-        e.label.append(v == "1")
-    else:
-        _failure(e, f[col["failure_time"]].strip(), row, unit, path)
-    _split(e, f[col["split"]].strip().lower() if "split" in col else "", row, path)
-
-
-def _failure(e: _Rows, v: str, row: int, unit: float, path) -> None:
-    try:
-        ft = float("nan") if v in _MISSING else parse_time(v, unit)
-    except ValueError:
-        raise _bad(path, row, "failure_time", v, "empty, a number or an ISO 8601 time") from None
-    if e.failure is None:
-        e.failure = (ft, row)
-    elif not (ft == e.failure[0] or (np.isnan(ft) and np.isnan(e.failure[0]))):
-        raise CsvError(f"{path}: row {row}, column 'failure_time': {v!r} differs from the "
-                       f"entity's failure time on row {e.failure[1]}")
-
-
-def _split(e: _Rows, v: str, row: int, path) -> None:
-    if v not in ("", "train", "test"):
-        raise _bad(path, row, "split", v, "train or test")
-    s = {"": -1, "train": 1, "test": 0}[v]
-    e.train.append(s)
-    e.split_row.setdefault(s, row)
 
 
 def _blocks(e: _Rows, d: int):

@@ -150,3 +150,65 @@ def test_csv_detection_runs_leave_machines_out_end_to_end(tmp_path, capsys):
     assert {"chosen", "pca", "isolation_forest", "ensemble"} <= set(r["mean"])
     # An 8-sigma shift on both metrics: the chosen detector finds every one.
     assert r["mean"]["chosen"]["event"]["event_recall"] == 1.0
+
+
+def test_small_blocks_read_as_one_block_does(tmp_path, monkeypatch):
+    lines = [PRED + ",split"] + [f"m{i % 4},{i // 4},{40 + i % 7},{'' if i % 4 else 99},"
+                                 f"{'test' if i % 4 == 3 else 'train'}" for i in range(200)]
+    p = _write(tmp_path, lines)
+    opts = fleetcsv.CsvOptions(progress=False)
+    whole = fleetcsv.load(str(p), opts)
+    monkeypatch.setattr(fleetcsv, "BLOCK_BYTES", 64)  # a few rows a batch
+    blocks = fleetcsv.load(str(p), opts)
+    assert [e.name for e in blocks.train] == ["m0", "m1", "m2"]
+    for a, b in zip(whole.train + whole.test, blocks.train + blocks.test, strict=True):
+        assert a.name == b.name
+        np.testing.assert_array_equal(a.failure_time, b.failure_time)  # NaN equals NaN here
+        np.testing.assert_array_equal(a.t, b.t)
+        np.testing.assert_array_equal(a.x, b.x)
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1 << 20])
+def test_rows_are_named_by_their_line_across_blocks_and_blank_lines(
+        tmp_path, capsys, monkeypatch, block_bytes):
+    monkeypatch.setattr(fleetcsv, "BLOCK_BYTES", block_bytes)
+    good = [f"m1,{i},40," for i in range(30)]
+    bad_cell = [PRED, *good[:10], "", "", *good[10:], "", "m1,31,warm,"]
+    assert "row 35, column 'temp': 'warm'" in _refused(capsys, _write(tmp_path, bad_cell))
+    short = [PRED, *good[:5], "", "m1,6,40"]
+    assert "row 8: 3 fields, the header has 4" in _refused(capsys, _write(tmp_path, short))
+    differs = [PRED, "m1,0,40,9", "", "m1,1,40,9", "m1,2,40,10"]
+    assert ("row 5, column 'failure_time': '10' differs from the entity's failure time on "
+            "row 2") in _refused(capsys, _write(tmp_path, differs))
+
+
+def test_blank_lines_and_spaces_read_as_before(tmp_path):
+    p = _write(tmp_path, [PRED, " m1 , 0 , 40 , ", "", "m1,1, NA ,", ",,,", "m1,2,nan,",
+                          "m2,0,1e1,"])  # a blank line and a row of commas: skipped
+    ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(poll_interval=1.0, progress=False))
+    ents = {e.name: e for e in ds.train + ds.test}
+    assert ents["m1"].t.tolist() == [0.0, 1.0, 2.0] and ents["m2"].x[:, 0].tolist() == [10.0]
+    assert ents["m1"].x[0, 0] == 40 and np.isnan(ents["m1"].x[1:, 0]).all()
+
+
+def test_numbers_arrow_does_not_read_are_read_as_python_reads_them(tmp_path):
+    p = _write(tmp_path, [PRED, "m1,0,1_000,", "m1,1,+Infinity,", "m1,2,-.5,"])
+    ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(poll_interval=1.0, progress=False))
+    (e,) = ds.train + ds.test
+    assert e.x[:, 0].tolist() == [1000.0, float("inf"), -0.5]
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    p = tmp_path / "latin1.csv"
+    p.write_bytes(b"entity,timestamp,temp,failure_time\nm\xe9,0,40,\n")
+    line = _refused(capsys, p)
+    assert "row 2" in line and "cannot be read" in line, line
+
+
+@pytest.mark.parametrize("block_bytes", [40, 1 << 20])
+def test_a_quoted_line_break_stays_in_its_cell(tmp_path, monkeypatch, block_bytes):
+    monkeypatch.setattr(fleetcsv, "BLOCK_BYTES", block_bytes)  # blocks cut inside the quotes
+    p = _write(tmp_path, [PRED, '"rack 1', 'm1",0,40,', '"rack 1', 'm1",1,41,', "m2,0,40,"])
+    ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(progress=False))
+    ents = {e.name: e for e in ds.train + ds.test}
+    assert set(ents) == {"rack 1\nm1", "m2"} and ents["rack 1\nm1"].x[:, 0].tolist() == [40, 41]
