@@ -45,11 +45,14 @@ help:
 setup: $(STAMP) $(GEN_STAMP)
 
 # uv (from PyPI, inside the venv) installs in parallel and links from its cache, so a
-# second clone installs in seconds; plain pip is the fallback.
+# second clone installs in seconds; plain pip is the fallback. --compile-bytecode: uv
+# writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set (CI images, this
+# machine) nothing ever does, so every interpreter compiled torch's sources afresh:
+# the services' common imports took 13 s instead of 5 (docs/performance.md, "Start-up").
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	test -x $(BIN)/uv || $(BIN)/python -m pip install -q '$(UV_SPEC)'
-	if ! $(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]'; then \
+	if ! $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e '.[dev]'; then \
 	  echo "uv failed; falling back to pip" >&2; \
 	  $(BIN)/python -m pip install -q -e '.[dev]'; \
 	fi
