@@ -11,20 +11,51 @@ file (header = row 1), so every message names the row a person finds in an edito
 
 from __future__ import annotations
 
-from datetime import UTC
+from array import array
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from services.health import fleetcsv
-from services.health.fleetcsv import CsvError, _Rows
-
+MISSING = ("", "nan", "NaN", "NA")  # cells read as a missing value
 _TIME = "a number or an ISO 8601 time"
 _TEXT = (pa.types.is_string, pa.types.is_large_string)
 
 
-def add_batch(ents: dict[str, _Rows], batch, rows: np.ndarray, metrics: list[str],
+class CsvError(ValueError):
+    """A fleet file that does not follow ``fleetcsv.SCHEMA``; the message is one line."""
+
+
+@dataclass
+class EntityRows:
+    """One entity's rows as typed arrays, in file order."""
+
+    t: array = field(default_factory=lambda: array("d"))
+    x: array = field(default_factory=lambda: array("f"))  # row-major, d values a row
+    label: array = field(default_factory=lambda: array("b"))
+    train: array = field(default_factory=lambda: array("b"))  # per row: 1 train, 0 test, -1 none
+    failure: tuple[float, int] | None = None  # (time, first row giving it)
+    split_row: dict[int, int] = field(default_factory=dict)  # split value -> first row
+
+
+def parse_time(value: str, unit: float) -> float:
+    """ISO 8601 or a number in ``unit`` hours -> hours since the epoch (numbers: as given)."""
+    try:
+        return float(value) * unit
+    except ValueError:
+        dt = datetime.fromisoformat(value.strip())
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp() / 3600.0
+
+
+def bad_cell(path, row, name, value, what) -> CsvError:
+    return CsvError(f"{path}: row {row}, column '{name}': {value!r} is not {what}")
+
+
+def add_batch(ents: dict[str, EntityRows], batch, rows: np.ndarray, metrics: list[str],
               detection: bool, unit: float, path) -> None:  # fmt: skip
     """Check ``batch`` and append its rows to ``ents``, entity by entity in order of first
     appearance (the order the evaluation lists entities in)."""
@@ -45,7 +76,7 @@ def add_batch(ents: dict[str, _Rows], batch, rows: np.ndarray, metrics: list[str
     order = np.argsort(codes, kind="stable")
     bounds = np.cumsum(np.bincount(codes, minlength=len(names)))[:-1]
     for name, idx in zip(names, np.split(order, bounds), strict=True):
-        e = ents.get(name) or ents.setdefault(name, _Rows())  # idx: its rows, in file order
+        e = ents.get(name) or ents.setdefault(name, EntityRows())  # idx: its rows, in file order
         e.t.frombytes(t[idx].tobytes())
         e.x.frombytes(np.ascontiguousarray(x[idx]).tobytes())
         if detection:
@@ -96,7 +127,11 @@ def _numbers(array, name: str, rows: np.ndarray, path) -> np.ndarray:
         return _float_array(array.cast(pa.float64()))
     if _is_text(array):
         fast = _text_floats(array)
-        return fast if fast is not None else _parse_text(array, name, rows, path)
+        return (
+            fast
+            if fast is not None
+            else _parse_cells(array, name, rows, path, float, "a number (empty = missing)")
+        )
     raise CsvError(f"{path}: row {rows[0]}, column '{name}': Parquet type {kind} is not "
                    "a number")  # fmt: skip
 
@@ -110,7 +145,7 @@ def _text_floats(array) -> np.ndarray | None:
     """Text cast to float64 in C++ (missing markers: NaN); None when some cell is not
     a number Arrow reads, for the cell-by-cell path to decide."""
     text = pc.utf8_trim_whitespace(array)
-    markers = pa.array(fleetcsv._MISSING, type=text.type)
+    markers = pa.array(MISSING, type=text.type)
     missing = pc.fill_null(pc.is_in(text, value_set=markers), True)
     try:
         return _float_array(pc.if_else(missing, pa.scalar(None, text.type), text))
@@ -118,15 +153,17 @@ def _text_floats(array) -> np.ndarray | None:
         return None
 
 
-def _parse_text(array, name: str, rows: np.ndarray, path) -> np.ndarray:
+def _parse_cells(array, name: str, rows: np.ndarray, path, parse, what: str) -> np.ndarray:
+    """Each trimmed cell through ``parse`` (a missing marker: NaN); the first one it
+    refuses is named by its row."""
     cells = array.to_pylist()
     out = np.empty(len(cells), dtype=np.float64)
     for i, v in enumerate(cells):
         s = "" if v is None else v.strip()
         try:
-            out[i] = float("nan") if s in fleetcsv._MISSING else float(s)
+            out[i] = float("nan") if s in MISSING else parse(s)
         except ValueError:
-            raise fleetcsv._bad(path, rows[i], name, s, "a number (empty = missing)") from None
+            raise bad_cell(path, rows[i], name, s, what) from None
     return out
 
 
@@ -143,8 +180,10 @@ def _times(array, name: str, unit: float, rows: np.ndarray, path, allow_null: bo
         hours = np.where(valid, values, np.nan)
     elif _is_text(array):
         fast = _text_floats(array)
-        hours = fast * unit if fast is not None else _parse_time_text(array, name, unit, rows,
-                                                                       path, what)  # fmt: skip
+        if fast is not None:
+            hours = fast * unit
+        else:
+            hours = _parse_cells(array, name, rows, path, lambda s: parse_time(s, unit), what)
     elif pa.types.is_integer(kind) or pa.types.is_floating(kind):
         hours = _float_array(array) * unit
     else:
@@ -153,24 +192,12 @@ def _times(array, name: str, unit: float, rows: np.ndarray, path, allow_null: bo
     missing = np.flatnonzero(np.isnan(hours))
     if missing.size and not allow_null:
         i = int(missing[0])
-        raise fleetcsv._bad(path, rows[i], name, _strip(_cell(array, i)), what)
+        raise bad_cell(path, rows[i], name, _strip(_cell(array, i)), what)
     return hours
 
 
 def _strip(cell):
     return cell.strip() if isinstance(cell, str) else cell
-
-
-def _parse_time_text(array, name: str, unit: float, rows: np.ndarray, path, what: str):
-    cells = array.to_pylist()
-    out = np.empty(len(cells), dtype=np.float64)
-    for i, v in enumerate(cells):
-        s = "" if v is None else v.strip()
-        try:
-            out[i] = float("nan") if s in fleetcsv._MISSING else fleetcsv.parse_time(s, unit)
-        except ValueError:
-            raise fleetcsv._bad(path, rows[i], name, s, what) from None
-    return out
 
 
 def _coded(array, allowed: list[str], name: str, rows: np.ndarray, path, what: str,
@@ -182,7 +209,7 @@ def _coded(array, allowed: list[str], name: str, rows: np.ndarray, path, what: s
     pos = pc.index_in(text, value_set=pa.array(allowed, type=text.type))
     bad = _first(pc.is_null(pos))
     if bad is not None:
-        raise fleetcsv._bad(path, rows[bad], name, _cell(text, bad), what)
+        raise bad_cell(path, rows[bad], name, _cell(text, bad), what)
     return pos.to_numpy(zero_copy_only=False)
 
 
@@ -193,7 +220,7 @@ def _labels(array, rows: np.ndarray, path) -> np.ndarray:
     values = _numbers(array, "label", rows, path)
     bad = np.flatnonzero(~(np.isnan(values) | (values == 0) | (values == 1)))
     if bad.size:
-        raise fleetcsv._bad(path, rows[bad[0]], "label", _cell(array, int(bad[0])), "0 or 1")
+        raise bad_cell(path, rows[bad[0]], "label", _cell(array, int(bad[0])), "0 or 1")
     return (values == 1).astype(np.int8)
 
 
@@ -202,7 +229,7 @@ def _splits(array, rows: np.ndarray, path) -> np.ndarray:
     return np.array([-1, 1, 0], dtype=np.int8)[pos]
 
 
-def _failure(e: _Rows, values: np.ndarray, idx: np.ndarray, rows: np.ndarray, array,
+def _failure(e: EntityRows, values: np.ndarray, idx: np.ndarray, rows: np.ndarray, array,
              path) -> None:  # fmt: skip
     """The entity's failure time must be the same on every row (NaN: never failed)."""
     if e.failure is None:
@@ -224,7 +251,7 @@ def _text(cell) -> str:
     return str(cell).strip()
 
 
-def _split_rows(e: _Rows, codes: np.ndarray, rows: np.ndarray) -> None:
+def _split_rows(e: EntityRows, codes: np.ndarray, rows: np.ndarray) -> None:
     e.train.frombytes(codes.tobytes())
     for code in np.unique(codes):
         e.split_row.setdefault(int(code), int(rows[np.flatnonzero(codes == code)[0]]))

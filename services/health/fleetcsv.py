@@ -14,13 +14,13 @@ import csv
 import re
 import sys
 from array import array
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from services.health.datasets import DetectionSet, Entity, Machine, PredictionSet
+from services.health.fleetbatch import CsvError, EntityRows, add_batch
 from services.health.memory import release_freed
 
 SCHEMA = """\
@@ -47,16 +47,11 @@ RESERVED = ("entity", "timestamp", "label", "failure_time", "split")
 TIME_UNITS = {"h": 1.0, "hours": 1.0, "s": 1 / 3600, "seconds": 1 / 3600, "ms": 1 / 3.6e6}
 PROFILES = ("transceiver",)
 _LANE = re.compile(r"^(.*)_(\d+)$")
-_MISSING = ("", "nan", "NaN", "NA")
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files are read without a bar
 BLOCK_BYTES = 1 << 20
 """A CSV file is read in blocks of this many bytes, a batch each (about 8,000 rows of the
 transceiver export). Arrow's default; the read's peak grew with it (407 MiB max RSS
 reading the 400 MB export at 1 MiB, 457 at 2, 632 at 8), its time did not shrink."""
-
-
-class CsvError(ValueError):
-    """A CSV file that does not follow SCHEMA; the message is one line."""
 
 
 @dataclass
@@ -67,29 +62,6 @@ class CsvOptions:
     time_unit: str = "h"
     profile: str | None = None
     progress: bool = True
-
-
-@dataclass
-class _Rows:
-    """One entity's rows as typed arrays, in file order."""
-
-    t: array = field(default_factory=lambda: array("d"))
-    x: array = field(default_factory=lambda: array("f"))  # row-major, d values a row
-    label: array = field(default_factory=lambda: array("b"))
-    train: array = field(default_factory=lambda: array("b"))  # per row: 1 train, 0 test, -1 none
-    failure: tuple[float, int] | None = None  # (time, first row giving it)
-    split_row: dict[int, int] = field(default_factory=dict)  # split value -> first row
-
-
-def parse_time(value: str, unit: float) -> float:
-    """ISO 8601 or a number in ``unit`` hours -> hours since the epoch (numbers: as given)."""
-    try:
-        return float(value) * unit
-    except ValueError:
-        dt = datetime.fromisoformat(value.strip())
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return dt.timestamp() / 3600.0
 
 
 class _Progress:
@@ -158,8 +130,6 @@ def _stream(path: Path, opts: CsvOptions):
     column as text, each block through ``fleetbatch.add_batch`` as Parquet's batches."""
     import pyarrow as pa
 
-    from services.health.fleetbatch import add_batch
-
     unit = TIME_UNITS.get(opts.time_unit)
     if unit is None:
         raise CsvError(f"--time-unit {opts.time_unit!r}: one of {', '.join(TIME_UNITS)}")
@@ -168,7 +138,7 @@ def _stream(path: Path, opts: CsvOptions):
     detection = "label" in header
     fields = _FieldCount(path, len(header))
     progress = _Progress(path, opts.progress)
-    ents: dict[str, _Rows] = {}
+    ents: dict[str, EntityRows] = {}
     row = 2  # the line of the next batch's first row
     with path.open("rb") as fh:
         try:
@@ -221,11 +191,7 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _bad(path, row, name, value, what) -> CsvError:
-    return CsvError(f"{path}: row {row}, column '{name}': {value!r} is not {what}")
-
-
-def _blocks(e: _Rows, d: int):
+def _blocks(e: EntityRows, d: int):
     """Rows sorted by time (stable): t, x (n, d), labels, per-row split."""
     t = np.frombuffer(e.t, dtype=np.float64)
     order = np.argsort(t, kind="stable")
@@ -275,7 +241,7 @@ def load(path: str, opts: CsvOptions | None = None) -> DetectionSet | Prediction
     return out
 
 
-def _detection(name: str, metrics: list[str], ents: dict[str, _Rows]) -> DetectionSet:
+def _detection(name: str, metrics: list[str], ents: dict[str, EntityRows]) -> DetectionSet:
     machines = []
     for ent, e in ents.items():
         _, x, y, tr = _blocks(e, len(metrics))
@@ -291,7 +257,7 @@ def _detection(name: str, metrics: list[str], ents: dict[str, _Rows]) -> Detecti
     return DetectionSet(f"csv:{name}", machines)
 
 
-def _entity_split(p: Path, ent: str, e: _Rows) -> str | None:
+def _entity_split(p: Path, ent: str, e: EntityRows) -> str | None:
     given = {s: r for s, r in e.split_row.items() if s >= 0}
     if len(given) > 1 or (given and -1 in e.split_row):
         rows = sorted(e.split_row.values())
@@ -311,12 +277,12 @@ def _lanes(metrics: list[str]) -> list[list[str]]:
             for g in groups.values() if len(g) > 1]
 
 
-def _median_spacing(ents: dict[str, _Rows]) -> float:
+def _median_spacing(ents: dict[str, EntityRows]) -> float:
     gaps = [np.diff(np.sort(np.frombuffer(e.t))) for e in ents.values() if len(e.t) > 1]
     return float(np.median(np.concatenate(gaps))) if gaps else 1.0
 
 
-def _prediction(p: Path, metrics, ents: dict[str, _Rows], opts: CsvOptions) -> PredictionSet:
+def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions) -> PredictionSet:
     step = opts.poll_interval or _median_spacing(ents)
     out, split = [], {}
     for ent, e in ents.items():

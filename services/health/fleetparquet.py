@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from services.health import fleetcsv
-from services.health.fleetcsv import CsvError, CsvOptions, _Rows
+from services.health.fleetbatch import CsvError, EntityRows
+from services.health.fleetcsv import CsvOptions
 
 BATCH_ROWS = 65_536
 SUFFIXES = (".parquet", ".pq")
@@ -52,7 +53,7 @@ def stream(path: Path, opts: CsvOptions):
     detection = "label" in header
     progress = fleetcsv._Progress(path, opts.progress)
     total = max(pf.metadata.num_rows, 1)
-    ents: dict[str, _Rows] = {}
+    ents: dict[str, EntityRows] = {}
     row = FIRST_ROW
     try:
         for batch in pf.iter_batches(batch_size=BATCH_ROWS):
