@@ -6,7 +6,7 @@ coordinator acting on the cluster: submit, cancel, drain, failover, restore),
 pull, telemetry, replication) and ``viewer`` (read-only status, lists, watches).
 
 The decision is a pure function (:func:`authorize`) over :data:`METHOD_ROLES`;
-the interceptor only reads the header and answers. With no token configured
+the server (:mod:`stalwart.instrument`) only reads the header and answers. With no token configured
 the check is off, and the server log says so once.
 
 Decisions written down here:
@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import enum
 import hmac
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from stalwart import log
-from stalwart.metrics import behavior_field
 
 AUTH_HEADER = "authorization"
 _BEARER = "bearer "
@@ -174,42 +173,12 @@ def tokens_from_settings(settings: Any) -> dict[Role, str]:
 # --- server side -------------------------------------------------------------------
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls whose bearer token does not carry the role the method needs."""
-
-    def __init__(self, tokens: Mapping[Role, str]) -> None:
-        self._tokens = dict(tokens)
-        if not any(self._tokens.values()):
-            log.get_logger("stalwart.auth").warning(
-                "authentication off: no tokens configured, every caller is admin"
-            )
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        token = bearer_token(handler_call_details.invocation_metadata)
-        decision = authorize(method, token, self._tokens)
-        if decision.allowed:
-            return handler
-        log.get_logger("stalwart.auth").info(
-            "rpc refused", rpc=method, code=decision.code.name, why=decision.message
+def warn_if_open(tokens: Mapping[Role, str]) -> None:
+    """Say once per server that every caller is admin when no token is configured."""
+    if not any(tokens.values()):
+        log.get_logger("stalwart.auth").warning(
+            "authentication off: no tokens configured, every caller is admin"
         )
-        return _refusing(handler, decision)
-
-
-def _refusing(handler: grpc.RpcMethodHandler, decision: Decision) -> grpc.RpcMethodHandler:
-    # Same shape as the real handler (streaming flags, serializers) so the
-    # server drives it normally; it answers at once without reading the request.
-    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(decision.code, decision.message)
-
-    return handler._replace(**{behavior_field(handler): refuse})
 
 
 # --- client side -------------------------------------------------------------------

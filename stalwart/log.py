@@ -1,8 +1,8 @@
 """structlog JSON logging, one line per event on stderr.
 
 Every line carries ``service`` and ``node`` (fixed per process) plus whatever the
-current task bound with :func:`bind` — the gRPC interceptor binds ``rpc`` per
-call, handlers add ``job``/``step``/``slot``. Context lives in contextvars, so it
+current task bound with :func:`bind` — the gRPC server (stalwart.instrument) binds
+``rpc`` per call, handlers add ``job``/``step``/``slot``. Context lives in contextvars, so it
 follows the asyncio task that serves one RPC and never leaks into another.
 """
 

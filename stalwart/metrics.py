@@ -1,20 +1,18 @@
-"""Prometheus metrics: the /metrics endpoint and the gRPC server interceptor.
+"""Prometheus metrics: the /metrics endpoint and the gRPC server series.
 
 gRPC server series use the names py-grpc-prometheus exports, so its dashboards
-work unchanged; that package only wraps sync servers, hence the aio interceptor
-here. Our own series live under ``stalwart_`` with base-unit suffixes, and no
-label ever takes an unbounded value (no step, tensor or job names).
+work unchanged; that package only wraps sync servers, hence :class:`MethodMetrics`
+here (fed by :mod:`stalwart.instrument`). Our own series live under ``stalwart_``
+with base-unit suffixes, and no label ever takes an unbounded value (no step,
+tensor or job names).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -80,9 +78,7 @@ def start_metrics_server(port: int, host: str = "127.0.0.1") -> tuple[Any, int]:
     return httpd, httpd.server_port
 
 
-# --- wrapping handlers -------------------------------------------------------
-
-Around = Callable[[grpc.aio.ServicerContext], AbstractAsyncContextManager[None]]
+# --- per-method series -------------------------------------------------------
 
 _BEHAVIOR_FIELD = {
     (False, False): "unary_unary",
@@ -103,32 +99,9 @@ def behavior_field(handler: grpc.RpcMethodHandler) -> str:
     return _BEHAVIOR_FIELD[(handler.request_streaming, handler.response_streaming)]
 
 
-def wrap_handler(handler: grpc.RpcMethodHandler, around: Around) -> grpc.RpcMethodHandler:
-    """Run the handler's behavior inside ``around(context)``, whatever its shape.
-
-    The aio server picks how to drive a streaming-response behavior from its
-    function type (async generator vs. coroutine using ``context.write``), so
-    the wrapper must keep that type. Sync behaviors (thread-pool servers) are
-    left alone: Stalwart servers are aio only.
-    """
-    field = behavior_field(handler)
-    behavior = getattr(handler, field)
-    if inspect.isasyncgenfunction(behavior):
-
-        async def wrapped_gen(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
-            async with around(context):
-                async for response in behavior(request, context):
-                    yield response
-
-        return handler._replace(**{field: wrapped_gen})
-    if inspect.iscoroutinefunction(behavior):
-
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with around(context):
-                return await behavior(request, context)
-
-        return handler._replace(**{field: wrapped})
-    return handler
+def grpc_type(handler: grpc.RpcMethodHandler) -> str:
+    """py-grpc-prometheus's name of the handler's shape (``UNARY`` ...)."""
+    return _GRPC_TYPE[(handler.request_streaming, handler.response_streaming)]
 
 
 def split_method(method: str) -> tuple[str, str]:
@@ -137,51 +110,38 @@ def split_method(method: str) -> tuple[str, str]:
     return service, name
 
 
-# --- the interceptor -------------------------------------------------------------
+class MethodMetrics:
+    """One method's server series, looked up once: ``labels()`` takes a lock and
+    builds a key on every call, and a sync step makes ten calls on the primary."""
+
+    def __init__(self, grpc_type: str, service: str, method: str) -> None:
+        self._labels = (grpc_type, service, method)
+        self._started = GRPC_SERVER_STARTED.labels(*self._labels)
+        self._seconds = GRPC_SERVER_HANDLING_SECONDS.labels(*self._labels)
+        self._handled: dict[str, Any] = {}
+
+    def start(self) -> float:
+        """Count a call as started; the time to hand to :meth:`finish`."""
+        self._started.inc()
+        return time.perf_counter()
+
+    def finish(self, started: float, code: grpc.StatusCode | int) -> None:
+        self._seconds.observe(time.perf_counter() - started)
+        name = _code_name(code)
+        handled = self._handled.get(name)
+        if handled is None:
+            handled = self._handled[name] = GRPC_SERVER_HANDLED.labels(*self._labels, name)
+        handled.inc()
 
 
-class ServerMetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts and times every RPC under py-grpc-prometheus's series names.
-
-    Put it first in the interceptor list so that calls refused by the auth
-    interceptor are counted with their code too.
-    """
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
-            return handler
-        service, method = split_method(handler_call_details.method)
-        grpc_type = _GRPC_TYPE[(handler.request_streaming, handler.response_streaming)]
-        labels = (grpc_type, service, method)
-        return wrap_handler(handler, lambda context: _observe(labels, context))
-
-
-@asynccontextmanager
-async def _observe(
-    labels: tuple[str, str, str], context: grpc.aio.ServicerContext
-) -> AsyncIterator[None]:
-    GRPC_SERVER_STARTED.labels(*labels).inc()
-    start = time.perf_counter()
-    code = grpc.StatusCode.UNKNOWN
-    try:
-        yield
-        # A handler may set a code without aborting (context.set_code + return).
-        code = context.code() or grpc.StatusCode.OK
-    except grpc.aio.AbortError:
-        # abort()/abort_with_status() already recorded the code on the context.
-        code = context.code() or grpc.StatusCode.UNKNOWN
-        raise
-    except (asyncio.CancelledError, GeneratorExit):
-        code = grpc.StatusCode.CANCELLED  # client went away or deadline passed
-        raise
-    finally:
-        GRPC_SERVER_HANDLED.labels(*labels, _code_name(code)).inc()
-        GRPC_SERVER_HANDLING_SECONDS.labels(*labels).observe(time.perf_counter() - start)
+def failure_code(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """The status a call ends with when its handler raised ``exc``."""
+    if isinstance(exc, grpc.aio.AbortError):
+        # abort()/abort_with_status() already recorded the code on the context
+        return context.code() or grpc.StatusCode.UNKNOWN
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return grpc.StatusCode.CANCELLED  # client went away or deadline passed
+    return grpc.StatusCode.UNKNOWN
 
 
 def _code_name(code: grpc.StatusCode | int) -> str:

@@ -1,10 +1,10 @@
 """The one bootstrap every Stalwart service runs its gRPC server through.
 
-It builds a ``grpc.aio`` server with the interceptors (metrics, auth, log
-context), message limits and keepalive from :class:`ServiceSettings`, adds
-``grpc.health.v1`` and server reflection, binds TLS (mTLS with a CA) or
-plaintext — plaintext off loopback only with ``--insecure`` — starts /metrics,
-writes the ready file, and on SIGTERM/SIGINT goes NOT_SERVING, runs the
+It builds a ``grpc.aio`` server whose handlers are wrapped for metrics, auth and
+log context (:mod:`stalwart.instrument`), with message limits and keepalive from
+:class:`ServiceSettings`, adds ``grpc.health.v1`` and server reflection, binds
+TLS (mTLS with a CA) or plaintext — plaintext off loopback only with
+``--insecure`` — starts /metrics, writes the ready file, and on SIGTERM/SIGINT goes NOT_SERVING, runs the
 service's shutdown hook and stops within ``grace_seconds``.
 
 A service's ``__main__`` is typically::
@@ -39,14 +39,10 @@ import pydantic
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from stalwart import limits, log, reflection
-from stalwart.auth import AuthInterceptor, tokens_from_settings
+from stalwart.auth import tokens_from_settings
 from stalwart.errors import ErrorKind, StalwartError
-from stalwart.metrics import (
-    RPC_ERRORS,
-    ServerMetricsInterceptor,
-    start_metrics_server,
-    wrap_handler,
-)
+from stalwart.instrument import WrappingRegistrar
+from stalwart.metrics import RPC_ERRORS, start_metrics_server
 from stalwart.settings import ServiceSettings
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -115,27 +111,6 @@ async def _answer_errors(context: grpc.aio.ServicerContext, where: str) -> Async
         log.get_logger("stalwart.rpc").exception("unexpected error in handler", handler=where)
         internal = StalwartError(ErrorKind.INTERNAL, f"internal error ({type(exc).__name__})")
         await context.abort_with_status(internal.to_status())
-
-
-# --- log context interceptor ------------------------------------------------------
-
-
-class LogContextInterceptor(grpc.aio.ServerInterceptor):
-    """Starts each RPC with a clean log context holding the method name."""
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        return wrap_handler(handler, lambda _context: _rpc_log_context(method))
-
-
-@asynccontextmanager
-async def _rpc_log_context(method: str) -> AsyncIterator[None]:
-    log.clear()
-    log.bind(rpc=method)
-    yield
 
 
 # --- binding -------------------------------------------------------------------------
@@ -270,12 +245,9 @@ class ServiceRunner:
 
     def _build_server(self) -> grpc.aio.Server:
         s = self.settings
+        # no interceptors: metrics, log context and auth wrap each handler once,
+        # as it is registered (stalwart.instrument), instead of on every call
         server = grpc.aio.server(
-            interceptors=[  # outermost first: metrics see refused calls too
-                ServerMetricsInterceptor(),
-                LogContextInterceptor(),
-                AuthInterceptor(tokens_from_settings(s)),
-            ],
             options=[
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 # from the same table as validation: oversize requests are refused
@@ -288,9 +260,10 @@ class ServiceRunner:
                 *SERVER_KEEPALIVE_OPTIONS,
             ],
         )
-        self._register(server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable(server, [*self.service_names, HEALTH_SERVICE])
+        registrar = WrappingRegistrar(server, tokens_from_settings(s))
+        self._register(registrar)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
+        reflection.enable(registrar, [*self.service_names, HEALTH_SERVICE])
         return server
 
     def _start_metrics(self) -> None:

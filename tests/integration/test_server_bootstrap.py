@@ -74,7 +74,7 @@ def _scrape(proc: ServiceProcess) -> str:
 
 
 def _scrape_until(proc: ServiceProcess, *needles: str) -> str:
-    """The metrics page once it shows every needle: the interceptor records a call
+    """The metrics page once it shows every needle: the server records a call
     after its answer has left, so a scrape right after the call can be early."""
     assert_eventually(lambda: all(n in _scrape(proc) for n in needles), timeout=5)
     return _scrape(proc)
@@ -149,7 +149,7 @@ def test_stalwart_error_reaches_client_with_reason(echo: ServiceProcess) -> None
         'grpc_code="FAILED_PRECONDITION",grpc_method="StopTrainer"',
         'stalwart_rpc_errors_total{reason="FENCED"} 1.0',  # every reason starts at 0
     )
-    # The error line carries the RPC from the log-context interceptor.
+    # The error line carries the RPC from the log context each call starts with.
     lines = [json.loads(line) for line in echo.log_path.read_text().splitlines() if "{" in line]
     assert any(
         line.get("reason") == "FENCED" and line.get("rpc", "").endswith("/StopTrainer")

@@ -207,7 +207,7 @@ def _counters(primary, case: Case) -> dict[str, float]:
     """The counters this case must raise by one (and, for gRPC's own refusal, one it must not)."""
     if case.reason == "RESOURCE_EXHAUSTED":
         # Refused by gRPC itself: the handler never sees the message (no
-        # ErrorInfo); the server interceptor counts the call as cut short, and
+        # ErrorInfo); the server counts the call as cut short, and
         # it must not pass for a truncated stream.
         return {
             "handled": metric(
