@@ -49,10 +49,12 @@ class StepResult:
     buffers: frozenset[str] = frozenset()
 
     def grad_norm(self) -> float:
-        total = sum(
-            float(g.double().pow(2).sum()) for n, g in self.grads.items() if n not in self.buffers
-        )
-        return total**0.5
+        """The L2 norm of the gradients, in float64 (telemetry: one reduction, not one
+        per tensor)."""
+        flat = [g.reshape(-1) for n, g in self.grads.items() if n not in self.buffers]
+        if not flat:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.cat(flat), dtype=torch.float64))
 
 
 def compute_step(
