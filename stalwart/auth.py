@@ -82,6 +82,7 @@ METHOD_ROLES: Mapping[str, Role] = {
     _P + "DeleteModel": Role.ADMIN,
     _P + "ReplicatePush": Role.NODE,
     _P + "ReplicateCommit": Role.NODE,
+    _P + "ReplicateStream": Role.NODE,
     _P + "InstallState": Role.NODE,
     _P + "RecordEvaluation": Role.NODE,
     _P + "ListJobMetrics": Role.VIEWER,

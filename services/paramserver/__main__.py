@@ -49,7 +49,8 @@ def build(settings: ParamServerSettings) -> ParamServer:
     return ParamServer(
         replica=replica,
         replicator=Replicator(replica, stub_for, settings.min_insync, settings.chunk_bytes,
-                              settings.backup_ack_seconds),
+                              settings.backup_ack_seconds,
+                              use_streams=not settings.unary_replication),
         node_id=settings.node_id,
         shard=settings.shard,
         limits=limits,
@@ -65,6 +66,7 @@ async def run(settings: ParamServerSettings) -> None:
         settings,
         lambda server: add_to_server(servicer, server),
         [SERVICE_NAME],
+        servicer.close_streams,
         services_ready_at_start=False,  # set from the replica's role once serving
     )
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import grpc
 import structlog
 
-from services.paramserver import commit
+from services.paramserver import commit, replstream
 from services.paramserver.job import Entry
 from services.paramserver.replica import ReplicaState
 from stalwart import codec
@@ -82,6 +82,9 @@ class ForwardStream:
         await self.call.done_writing()
         await self.call
 
+    def cancel(self) -> None:
+        self.call.cancel()
+
 
 class Replicator:
     def __init__(
@@ -91,6 +94,7 @@ class Replicator:
         min_insync: int,
         chunk_bytes: int,
         ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S,
+        use_streams: bool = True,
     ):
         self.replica = replica
         self._stub_for = stub_for
@@ -100,6 +104,9 @@ class Replicator:
         # (backup address, job) -> the version that backup last confirmed holding;
         # read by the replication lag gauge (services/paramserver/metrics.py).
         self.acked: dict[tuple[str, str], int] = {}
+        # backup address -> the replication stream to it (services/paramserver/replstream.py)
+        self.links: dict[str, replstream.StreamLink] = {}
+        self.use_streams = use_streams
 
     # --- which backups hold which job -------------------------------------------
 
@@ -123,9 +130,42 @@ class Replicator:
 
     # --- forwarding and committing ----------------------------------------------
 
-    def open_forwards(self, header: paramserver.PushHeader) -> list[ForwardStream]:
-        streams = []
+    def _stream_to(self, address: str) -> tuple[replstream.StreamLink, object] | None:
+        """The open replication stream to a backup (None: use the unary calls; the
+        stream is opened meanwhile, see replstream.StreamLink)."""
+        if not self.use_streams:
+            return None
+        link = self.links.get(address)
+        if link is None:
+            for gone in [a for a in self.links if a not in self.replica.backups]:
+                self.links.pop(gone).close()
+            link = self.links[address] = replstream.StreamLink(
+                address,
+                lambda: self._stub_for(address).ReplicateStream(),
+                lambda: self.replica.epoch,
+                self.ack_timeout_s,
+            )
+        call = link.usable()
+        return None if call is None else (link, call)
+
+    def streaming(self, address: str) -> bool:
+        link = self.links.get(address)
+        return link is not None and link.ready
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+        self.links.clear()
+
+    def open_forwards(
+        self, header: paramserver.PushHeader
+    ) -> list[ForwardStream | replstream.StreamForward]:
+        streams: list[ForwardStream | replstream.StreamForward] = []
         for address in self.synced(header.job_id):
+            open_stream = self._stream_to(address)
+            if open_stream is not None:
+                streams.append(replstream.StreamForward(*open_stream))
+                continue
             call = self._stub_for(address).ReplicatePush(timeout=REPLICATION_TIMEOUT_S)
             streams.append(ForwardStream(address, call, self.ack_timeout_s))
         return streams
@@ -187,7 +227,7 @@ class Replicator:
     @staticmethod
     def cancel_forwards(streams: Sequence[ForwardStream]) -> None:
         for s in streams:
-            s.call.cancel()
+            s.cancel()
 
     def commit_request(
         self, job_id: str, base_version: int, entries: Sequence[Entry]
@@ -201,7 +241,12 @@ class Replicator:
         )
 
     async def commit_one(self, address: str, request) -> RpcError | None:
-        """Send one commit to one backup (runtime.JobHost.commit runs the round)."""
+        """Send one commit to one backup (runtime.JobHost.commit runs the round), on
+        the replication stream when it is open."""
+        open_stream = self._stream_to(address)
+        if open_stream is not None:
+            link, call = open_stream
+            return await link.commit(call, request)
         try:
             await self._stub_for(address).ReplicateCommit(request, timeout=self.ack_timeout_s)
             return None

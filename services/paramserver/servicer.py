@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 
-from services.paramserver import checkpointing, commit, jobmetrics, metrics, phases
+from services.paramserver import checkpointing, commit, jobmetrics, metrics, phases, replstream
 from services.paramserver.consistency import Verdict
 from services.paramserver.faults import Faults
 from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
@@ -105,6 +105,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.histories = jobmetrics.Histories()  # losses and evaluations (ListJobMetrics)
         # job_id -> whether the coordinator admitted it; None runs standalone (no check)
         self.admitted: Callable[[str], Awaitable[bool]] | None = None
+        # ReplicateStream calls served here (as a backup): handler task -> its session
+        self._sessions: dict[asyncio.Task, replstream.BackupSession] = {}
 
     # the host's parts, as the launcher and the metrics read them
     replica = property(lambda self: self.host.replica)
@@ -437,6 +439,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     address=a,
                     in_sync=set(self.jobs) <= link.synced_jobs,
                     last_error=link.last_error,
+                    streaming=self.replicator.streaming(a),
                 )
                 for a, link in self.replica.backups.items()
             ],
@@ -524,20 +527,30 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         header = await _first(request_iterator, "replication header")
         self._from_primary(header.epoch)
         push = header.push
-        job = self._job(push.job_id)
+        self._job(push.job_id)
         assembler = await _read_tensors(
             request_iterator, push.tensors, self.limits, None, push.packed
         )
+        await self._stage_forwarded(push, assembler)
+        return paramserver.ReplicatePushResponse()
+
+    async def _stage_forwarded(self, push, assembler: codec.ChunkAssembler) -> None:
+        """Buffer a push the primary forwarded (ReplicatePush, the Replicate stream)."""
+        job = self._job(push.job_id)
         grads = assembler.finish()
         async with job.lock:
             job.model.stage(push.step, push.slot, assembler.payload_crc32c, grads)
             self.histories.on_push(push)
             job.staged.notify_all()  # a commit naming this push may be waiting for it
-        return paramserver.ReplicatePushResponse()
 
     @rpc_handler
     async def ReplicateCommit(self, request, context):
         self._from_primary(request.epoch)
+        version = await self._commit_forwarded(request, context.time_remaining())
+        return paramserver.ReplicateCommitResponse(version=version)
+
+    async def _commit_forwarded(self, request, wait_s: float | None) -> int:
+        """Apply a commit the primary sent (ReplicateCommit, the Replicate stream)."""
         job = self.jobs.get(request.job_id)
         entries = [Entry.from_proto(e) for e in request.entries]
         if job is None:
@@ -550,7 +563,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         job.staged.wait_for(lambda: job.model.has_entries(entries)),
-                        context.time_remaining() or self.host.replicator.ack_timeout_s,
+                        wait_s or self.host.replicator.ack_timeout_s,
                     )
             if job.model.version != request.base_version or not job.model.has_entries(entries):
                 raise StalwartError(
@@ -561,7 +574,32 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             version = await _off_loop(job.model.apply, entries, nbytes=nbytes)
             await self.host.applied(job)
             job.committed.notify_all()
-        return paramserver.ReplicateCommitResponse(version=version)
+        return version
+
+    @rpc_handler
+    async def ReplicateStream(self, request_iterator, context):
+        """The replication stream (services/paramserver/replstream.py)."""
+        session = replstream.BackupSession(
+            context, self._from_primary, self.limits, self._stage_forwarded,
+            lambda request: self._commit_forwarded(request, None),
+        )  # fmt: skip
+        task = asyncio.current_task()
+        self._sessions[task] = session
+        try:
+            await session.run(request_iterator)
+        finally:
+            self._sessions.pop(task, None)
+
+    async def close_streams(self) -> None:
+        """At shutdown: the replication streams this replica serves as a backup end
+        once their running commits finished (open, they would hold the server's stop
+        for its whole grace). Its own streams to its backups stay open: pushes in
+        flight here are still replicated and answered within the grace."""
+        sessions = dict(self._sessions)
+        if sessions:
+            await asyncio.gather(*(s.drain() for s in sessions.values()))
+        for task in sessions:
+            task.cancel()
 
     @rpc_handler
     async def InstallState(self, request_iterator, context):

@@ -31,6 +31,11 @@ class ParamServerSettings(ServiceSettings):
     commit; a backup that does not drops out of sync (it is re-installed once it
     answers again), so one hung backup does not stall every step."""
 
+    unary_replication: bool = False
+    """Replicate with one call per forwarded push and per commit, never on the
+    long-lived replication stream (services/paramserver/replstream.py); for
+    comparisons and as a way out should the stream misbehave."""
+
     sync_wait_seconds: float = Field(default=60.0, gt=0)
     """Longest a sync push waits for the other slots when the call has no deadline."""
 

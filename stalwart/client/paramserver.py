@@ -66,6 +66,14 @@ class ParamServerStub(paramserver_grpc.ParamServerServiceStub):
                     response_deserializer=response.FromString,
                 ),
             )
+        # the replication stream: chunks go out as serialized bytes too
+        self.ReplicateStream = channel.stream_stream(
+            f"/{service}/ReplicateStream",
+            request_serializer=codec.passthrough(
+                paramserver.ReplicateStreamRequest.SerializeToString
+            ),
+            response_deserializer=paramserver.ReplicateStreamResponse.FromString,
+        )
 
 
 @dataclass(frozen=True)
