@@ -8,7 +8,9 @@ step between the job's step 50 and its last, with the gRPC calls each server
 started per step (from its /metrics). On a 2-core machine the sum over members,
 divided by the wall time of a step, says how close the job is to using both cores:
 when it is, a step gets faster only by taking CPU out of some process, and these
-figures say which.
+figures say which. The services run the code of the checkout this module is
+imported from (``cluster`` starts them from its repository root): to compare two
+checkouts, run it in each with ``PYTHONPATH`` set to that checkout.
 """
 
 from __future__ import annotations
