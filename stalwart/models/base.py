@@ -9,7 +9,9 @@ from a ``torch.Generator`` seeded by :func:`derive_seed`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import os
 import struct
 import threading
 from collections.abc import Mapping, Sequence
@@ -95,15 +97,24 @@ def seeded_global_rng(seed: int, cuda_devices: Sequence[int] = ()):
     """The global RNG (CPU and the given GPUs) forked and seeded with ``seed``, held by
     this thread alone until the block ends; the caller's RNG state comes back after."""
     with _GLOBAL_RNG_TURN, torch.random.fork_rng(devices=list(cuda_devices)):
-        # Only the generators the fork restores: torch.manual_seed would seed every
-        # GPU for good (the fork gives back only these) and, where CUDA is not
-        # initialised (a CPU trainer), queue that seeding with a formatted stack
-        # trace: ~100 us a call, once per slot and step.
-        torch.default_generator.manual_seed(seed)
-        for device in cuda_devices:
-            with torch.cuda.device(device):
-                torch.cuda.manual_seed(seed)
+        if _cuda_impossible():
+            # what torch.manual_seed does here, without queueing the GPUs' seeding
+            # for a CUDA start that cannot come (with a formatted stack trace, which
+            # reads every frame's source file: ~100 us, once per slot and step)
+            torch.default_generator.manual_seed(seed)
+        else:
+            torch.manual_seed(seed)
         yield
+
+
+@functools.cache
+def _cuda_impossible() -> bool:
+    """No NVIDIA driver on this machine and CUDA not started: nothing CUDA ever runs
+    here. Read from the driver's files, never by asking CUDA (which would start its
+    driver in this process and break CUDA in processes forked from it)."""
+    if torch.cuda.is_initialized():
+        return False
+    return not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version"))
 
 
 class ModelArgs:
