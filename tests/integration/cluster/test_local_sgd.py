@@ -41,9 +41,13 @@ def test_local_sgd_job_is_bitwise_equal_to_reference_run(local):
 
 
 def test_local_sgd_job_through_a_trainer_kill_is_bitwise_equal(local):
-    """Dropout, batch norm and micro-batches inside the inner steps, and a kill -9."""
+    """Dropout, batch norm and micro-batches inside the inner steps, and a kill -9.
+
+    Enough outer steps that the kill lands mid-job: the step it is keyed on is read
+    from the leader's events, and this small model runs 16 outer steps in about 0.3 s
+    on an idle machine, so with 16 the victim had pushed its last one before it died."""
     spec = models.default_spec(
-        "tests.unit.training.dropout_task:make", num_slots=2, steps=16, batch_size=8,
+        "tests.unit.training.dropout_task:make", num_slots=2, steps=80, batch_size=8,
         micro_batches=2, seed=22, local_steps=3, local_lr=0.1,
         optimizer=common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.5),
     )  # fmt: skip
