@@ -3,10 +3,10 @@
 Each method's handler is wrapped once, when the service registers it, instead of
 by server interceptors on every call. grpc.aio runs interceptors as a chain of
 coroutines per call, and each of the three (metrics, log context, auth) built a
-new wrapped handler and looked its Prometheus series up again: about 150-240 µs
-of server CPU per call on the 2-core development machine, where a unary call
-costs ~400 µs without them (docs/performance.md, "Wrapped once"). A sync step
-makes ten calls on the primary, so that was a sixth of its CPU.
+new wrapped handler and looked its Prometheus series up again. In a throwaway
+grpc.aio script on the 2-core development machine a unary call cost the server
+500-600 µs of CPU with the three, 430-460 µs wrapped once and 390-440 µs with
+nothing (docs/performance.md, "CPU per step on an idle machine").
 
 The order per call is the interceptors' was: the metrics see every call (refused
 ones too), the log context is cleared and names the method, then the bearer

@@ -20,12 +20,11 @@ import json
 import os
 import sys
 import time
-import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from stalwart import cluster
-from stalwart.bench import ddp
+from stalwart.bench import ddp, steptimeline
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo.watch import EventRecorder
 
@@ -50,9 +49,7 @@ def _process_cpu(pid: int) -> float | None:
 
 def _calls_started(port: int) -> dict[str, float]:
     """``{method: calls started}`` from one server's /metrics page."""
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
+    text = steptimeline.fetch_metrics(port)
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name == "grpc_server_started":

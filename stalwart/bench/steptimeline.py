@@ -44,7 +44,8 @@ def parse(text: str) -> dict[str, list[float]]:
     return out
 
 
-def _fetch(port: int) -> str:
+def fetch_metrics(port: int) -> str:
+    """The /metrics page a service serves on ``port`` (loopback)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         return resp.read().decode()
 
@@ -53,7 +54,7 @@ async def scrape(local, spec=None) -> dict[str, list[float]]:
     """Summed phase sums and counts over every live trainer and paramserver of ``local``."""
     ports = [p.metrics_port for name, p in local.procs.items()
              if p.metrics_port and p.alive() and local.member(name).role != "coordinator"]  # fmt: skip
-    pages = await asyncio.gather(*(asyncio.to_thread(_fetch, port) for port in ports),
+    pages = await asyncio.gather(*(asyncio.to_thread(fetch_metrics, port) for port in ports),
                                  return_exceptions=True)  # fmt: skip
     total: dict[str, list[float]] = {}
     for page in pages:
