@@ -224,6 +224,24 @@ def passthrough(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     return serializer
 
 
+# Room beside one chunk for the pull header in a push's answer (PushHeader.
+# answer_parameters_bytes): the settings keep the largest message at least 64 KiB
+# above the chunk size.
+PUSH_ANSWER_SLACK_BYTES = 32 * 1024
+
+
+def push_answer(response: Any, pull_messages: Sequence[bytes]) -> bytes:
+    """``response`` (a ``PushResponse``) serialized with ``pull_messages``, each a
+    serialized ``PullResponse``, as its ``parameters`` (field 3, repeated): the cached
+    chunks of a pull go into the answer as they are, with one copy for the join.
+    Protobuf reads fields in any order and appends repeated ones, so the answer's own
+    fields first and the parameters after them parse as one message."""
+    parts = [response.SerializeToString()]
+    for message in pull_messages:
+        parts += (b"\x1a", _varint(len(message)), message)  # repeated PullResponse = 3
+    return b"".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class WireChunk:
     """A chunk stream message read from its wire bytes by :func:`read_chunk_message`.

@@ -130,19 +130,20 @@ def replication_lag(servicer: ParamServer) -> int:
 
 
 def counted_push(handler: Callable) -> Callable:
-    """Count a Push handler's answers by result (put under ``@rpc_handler``)."""
+    """Count a push's answers by result (on the method that admits it, called under
+    ``@rpc_handler``; it returns a tuple whose last item is the ``PushResponse``)."""
 
     @functools.wraps(handler)
     async def wrapper(self, request_iterator, context):
         try:
-            response = await handler(self, request_iterator, context)
+            result = await handler(self, request_iterator, context)
         except Exception as exc:
             PUSHES.labels("rejected").inc()
             if isinstance(exc, StalwartError) and exc.kind in _CORRUPTION:
                 sdc.DETECTIONS.labels(_CORRUPTION[exc.kind]).inc()
             raise
-        PUSHES.labels("duplicate" if response.duplicate else "applied").inc()
-        return response
+        PUSHES.labels("duplicate" if result[-1].duplicate else "applied").inc()
+        return result
 
     return wrapper
 

@@ -188,8 +188,16 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     # --- push ------------------------------------------------------------------
 
     @rpc_handler
-    @metrics.counted_push
     async def Push(self, request_iterator, context):
+        job, header, response = await self._push(request_iterator, context)
+        if header.answer_parameters_bytes:
+            limit = min(header.answer_parameters_bytes, self.chunk_bytes + codec.PUSH_ANSWER_SLACK_BYTES)
+            return await self._with_parameters(job, header.base_version, limit, response)
+        return response
+
+    @metrics.counted_push
+    async def _push(self, request_iterator, context):
+        """Read, forward and admit one push: (its job, its header, the answer)."""
         header = await _first(request_iterator, "push header")
         received = time.perf_counter()
         self._client(header.epoch)
@@ -243,7 +251,21 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             forwarded.result()
         except Fenced as exc:
             raise self.host.fenced(exc) from None
-        return response
+        return job, header, response
+
+    async def _with_parameters(self, job: JobRuntime, since: int, limit: int, response):
+        """The answer with the parameters changed since ``since`` at its version, as a
+        Pull would stream them (the same cached chunks), when that version is still
+        the readable one and they fit in ``limit`` bytes; otherwise the answer as it
+        is, and the caller pulls."""
+        async with job.lock:
+            if job.model.version != response.version or not self._readable(job, response.version):
+                return response
+            header, chunks = await self._snapshot(job, since, self.chunk_bytes, packed=True)
+        head = paramserver.PullResponse(header=header).SerializeToString()
+        if len(head) + sum(map(len, chunks)) > limit:
+            return response
+        return codec.push_answer(response, [head, *chunks])
 
     async def _admit(self, job: JobRuntime, header, crc: int, grads, context):
         deadline = asyncio.get_running_loop().time() + (
@@ -649,8 +671,9 @@ _CHUNK_STREAMS = ("RegisterModel", "Push", "ReplicatePush", "InstallState")
 
 def add_to_server(servicer: ParamServer, server) -> None:
     """Register the servicer like the generated ``add_..._to_server``, except that
-    Pull's serializer also sends messages already serialized: the cached chunks
-    (``bytes`` from :func:`codec.encode_chunk_messages`), without a copy per pull;
+    Pull's and Push's serializers also send messages already serialized: the cached
+    chunks (``bytes`` from :func:`codec.encode_chunk_messages`), without a copy per
+    pull, and a push's answer with parameters (:func:`codec.push_answer`);
     and the chunk streams' chunks are read by :func:`codec.read_chunk_message`,
     without protobuf's copies of their data (a push's chunks go on to the
     backups as they came)."""
@@ -669,10 +692,11 @@ def add_to_server(servicer: ParamServer, server) -> None:
     capture = _Capture()
     paramserver_grpc.add_ParamServerServiceServicer_to_server(servicer, capture)
     handlers = capture.handlers
-    pull = handlers["Pull"]
-    handlers["Pull"] = pull._replace(
-        response_serializer=codec.passthrough(pull.response_serializer)
-    )
+    for name in ("Pull", "Push"):  # Push: an answer carrying parameters (push_answer)
+        handler = handlers[name]
+        handlers[name] = handler._replace(
+            response_serializer=codec.passthrough(handler.response_serializer)
+        )
     for name in _CHUNK_STREAMS:
         handler = handlers[name]
         handlers[name] = handler._replace(

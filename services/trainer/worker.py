@@ -278,14 +278,22 @@ class Worker:
             if min(versions) == max(versions):
                 break
             min_version = max(versions)  # a commit landed on some groups only: catch up
+        await self._load(job, versions[0], tensors, started if timed else None)
+        return True
+
+    async def _load(
+        self, job: JobState, version: int, tensors: dict, started: float | None = None
+    ) -> None:
+        """Load pulled tensors of ``version`` into the model (``started``: when the pull
+        began, for the step timeline's pull phase)."""
         pulled = time.perf_counter()
         await off_loop(
             training.load_params, job.model, tensors, nbytes=tensor_bytes(tensors.values())
         )
-        if timed and self.current is not None and not self.current.standby:  # step timeline
+        if started is not None and self.current is not None and not self.current.standby:
             phases.observe("pull", started)
             phases.PHASE_SECONDS.labels("load").observe(time.perf_counter() - pulled)
-        job.version = versions[0]
+        job.version = version
         job.next_version = max(job.next_version, job.version)
         if job.version >= job.spec.steps:
             job.finished = True
@@ -293,7 +301,6 @@ class Worker:
             logger.info("job finished", job=job.job_id, version=job.version)
             if self.on_finished is not None:
                 self.on_finished(job.job_id)
-        return True
 
     async def _follow(self) -> None:
         """Standby: keep the weights current without computing."""
@@ -318,6 +325,9 @@ class Worker:
         pushes: list[asyncio.Future] = []
         prefetch: asyncio.Future | None = None
         pushed = False
+        # A model that fits in a push's answer comes back in the first slot's answers
+        # (no pull call at all); a larger one is pulled as below.
+        carry = job.client.answers_carry_parameters
         try:
             for slot in slots:
                 result = await self._computed(job, slot, step)
@@ -325,13 +335,17 @@ class Worker:
                     await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
                     return
                 results.append(result)
-                pushes.append(asyncio.ensure_future(
-                    job.client.push(job.job_id, step, slot, step, result.grads, result.loss)
-                ))  # fmt: skip
-            # The next version's pull goes out with the pushes: the primary holds it
-            # until the step commits and streams it at once, so no round trip follows
-            # the ack. Not sooner: it must not load new weights under a computation.
-            prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
+                pushes.append(asyncio.ensure_future(job.client.push(
+                    job.job_id, step, slot, step, result.grads, result.loss,
+                    answer_parameters=carry and not pushes,
+                )))  # fmt: skip
+            # Otherwise the next version's pull goes out with the pushes: the primary
+            # holds it until the step commits and streams it at once, so no round trip
+            # follows the ack. Not sooner: it must not load new weights under a computation.
+            if not carry:
+                prefetch = asyncio.ensure_future(
+                    self._pull_consistent(job, step + 1, timed=False)
+                )
             pushing = time.perf_counter()
             pushed = await self._pushed(job, slots, pushes)
         finally:
@@ -346,10 +360,24 @@ class Worker:
         job.next_version = step + 1
         self._record(step, time.monotonic() - started, results)
         logger.debug("step pushed", job=job.job_id, step=step, slots=list(slots))
-        if await self._pull(step + 1, started=prefetch) and job.version == step + 1:
+        if carry:
+            loaded = await self._load_carried(job, step + 1, pushes[0].result())
+        else:
+            loaded = await self._pull(step + 1, started=prefetch)
+        if loaded and job.version == step + 1:
             job.prefetched = True
             phases.observe("pull", acked)  # from the ack until the next weights are loaded
             await self.evaluator.between_steps(job, slots)  # the final version's, too
+
+    async def _load_carried(self, job: JobState, version: int, results) -> bool:
+        """Load the weights one push's answers carried; pull ``version`` instead when
+        some group's answer carried none (too large, or not yet readable there) or
+        the groups' versions differ."""
+        carried = job.client.carried(results)
+        if carried is None or min(carried[0]) != max(carried[0]):
+            return await self._pull(version)
+        await self._load(job, carried[0][0], carried[1])
+        return True
 
     async def _computed(self, job: JobState, slot: int, step: int) -> training.StepResult | None:
         """One slot's result for ``step``; None when duplicate compute outvoted it."""

@@ -17,6 +17,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from stalwart import codec, shardmap
 from stalwart.api import common, paramserver, paramserver_grpc
 from stalwart.errors import ErrorKind, RpcError
+from stalwart.offload import tensor_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +81,33 @@ class ParamServerStub(paramserver_grpc.ParamServerServiceStub):
 class PushResult:
     version: int
     duplicate: bool
+    # asked for with ``answer_parameters``: (version, tensors changed since the
+    # push's base version) when the answer carried them, else None
+    parameters: tuple[int, dict[str, torch.Tensor]] | None = None
+
+
+class _PullAssembly:
+    """A pull's messages, a header and then its chunks, added one by one (a large
+    pull is never held as messages and tensors at once); ``result`` is
+    (version, tensors)."""
+
+    def __init__(self):
+        self.header = None
+        self.assembler: codec.ChunkAssembler | None = None
+
+    def add(self, message) -> None:
+        if message.WhichOneof("part") == "header":
+            self.header = message.header
+            self.assembler = codec.ChunkAssembler(self.header.tensors, packed=self.header.packed)
+        elif self.assembler is None:
+            raise RpcError(grpc.StatusCode.INTERNAL, "pull stream began without a header")
+        else:
+            self.assembler.add(message.chunk)
+
+    def result(self) -> tuple[int, dict[str, torch.Tensor]]:
+        if self.header is None:
+            raise RpcError(grpc.StatusCode.INTERNAL, "pull stream was empty")
+        return self.header.version, self.assembler.finish()
 
 
 class ShardGroupClient:
@@ -195,8 +223,12 @@ class ShardGroupClient:
         base_version: int,
         grads: Mapping[str, torch.Tensor],
         loss: float | None = None,
+        answer_parameters: bool = False,
     ) -> PushResult:
+        """``answer_parameters``: ask for the parameters changed since ``base_version``
+        in the answer (up to a chunk's worth), which saves the pull after it."""
         names = list(grads)
+        answer_bytes = self.chunk_bytes + codec.PUSH_ANSWER_SLACK_BYTES if answer_parameters else 0
         tensors = [grads[n] for n in names]
         specs = [codec.spec_of(n, grads[n]) for n in names]
 
@@ -210,6 +242,7 @@ class ShardGroupClient:
                 tensors=specs,
                 loss=loss,
                 packed=True,
+                answer_parameters_bytes=answer_bytes,
             )
 
             def messages():
@@ -219,7 +252,13 @@ class ShardGroupClient:
                 yield from codec.encode_chunk_messages(tensors, self.chunk_bytes, packed=True)
 
             resp = await self.stub(address).Push(messages(), timeout=self.call_timeout_s)
-            return PushResult(resp.version, resp.duplicate)
+            parameters = None
+            if resp.parameters:
+                assembly = _PullAssembly()
+                for message in resp.parameters:
+                    assembly.add(message)
+                parameters = assembly.result()
+            return PushResult(resp.version, resp.duplicate, parameters)
 
         return await self._with_failover(attempt)
 
@@ -243,19 +282,10 @@ class ShardGroupClient:
                 packed=True,
             )
             stream = self.stub(address).Pull(request, timeout=self.call_timeout_s)
-            header = None
-            assembler = None
+            assembly = _PullAssembly()
             async for message in stream:
-                if message.WhichOneof("part") == "header":
-                    header = message.header
-                    assembler = codec.ChunkAssembler(header.tensors, packed=header.packed)
-                elif assembler is None:
-                    raise RpcError(grpc.StatusCode.INTERNAL, "pull stream began without a header")
-                else:
-                    assembler.add(message.chunk)
-            if header is None:
-                raise RpcError(grpc.StatusCode.INTERNAL, "pull stream was empty")
-            return header.version, assembler.finish()
+                assembly.add(message)
+            return assembly.result()
 
         return await self._with_failover(attempt)
 
@@ -290,6 +320,9 @@ class ParamServerClient:
     def __init__(self, groups: Sequence[ShardGroupClient]):
         self.groups = list(groups)
         self.pieces: list[shardmap.Piece] = []
+        # every group's part of the model fits in one chunk, so that a push's answer
+        # can carry it (decided by register_model, from the registered parameters)
+        self.answers_carry_parameters = False
 
     @property
     def num_shards(self) -> int:
@@ -310,6 +343,10 @@ class ParamServerClient:
     ) -> None:
         """``buffers``: names among ``params`` that are module buffers (not stepped)."""
         per_shard = shardmap.split(params, self.plan(params), self.num_shards)
+        self.answers_carry_parameters = all(
+            tensor_bytes(p.values()) <= g.chunk_bytes
+            for g, p in zip(self.groups, per_shard, strict=True)
+        )
         buffers = set(buffers)
         buffer_of = {p.piece_name for p in self.pieces if p.tensor_name in buffers}
 
@@ -335,17 +372,28 @@ class ParamServerClient:
         base_version: int,
         grads: Mapping[str, torch.Tensor],
         loss: float | None = None,
+        answer_parameters: bool = False,
     ) -> list[PushResult]:
-        """``loss``: the slot's training loss, kept in the job's metric history."""
+        """``loss``: the slot's training loss, kept in the job's metric history;
+        ``answer_parameters``: see :meth:`ShardGroupClient.push` and :meth:`carried`."""
         per_shard = shardmap.split(grads, self.pieces, self.num_shards)
         return list(
             await asyncio.gather(
                 *(
-                    g.push(job_id, step, slot, base_version, p, loss)
+                    g.push(job_id, step, slot, base_version, p, loss, answer_parameters)
                     for g, p in zip(self.groups, per_shard, strict=True)
                 )
             )
         )
+
+    def carried(self, results: Sequence[PushResult]):
+        """What :meth:`pull` would return (version per shard, full tensors that changed),
+        from the answers to one push made with ``answer_parameters``; None unless
+        every group's answer carried its part."""
+        if any(r.parameters is None for r in results):
+            return None
+        versions = [r.parameters[0] for r in results]
+        return versions, shardmap.join([r.parameters[1] for r in results], self.pieces)
 
     async def pull(
         self,

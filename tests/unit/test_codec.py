@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stalwart import codec
-from stalwart.api import common
+from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
 
 
@@ -805,3 +805,17 @@ def test_crc_of_any_buffer_is_the_crc_of_its_bytes():
     assert codec.crc32c(bytearray(codec.byte_view(t))) == want
     assert codec.crc32c(memoryview(b"")) == google_crc32c.value(b"") == 0
     assert codec.crc32c(memoryview(b""), 77) == 77
+
+
+def test_push_answer_parses_as_one_push_response() -> None:
+    pulled = paramserver.PullResponse(header=paramserver.PullHeader(version=7, packed=True))
+    chunk = codec.chunk_message(1, 64, b"\x01\x02\x03\x04", 0xDEADBEEF)
+    wire = codec.push_answer(
+        paramserver.PushResponse(version=7, duplicate=True), [pulled.SerializeToString(), chunk]
+    )
+    answer = paramserver.PushResponse.FromString(wire)
+    assert (answer.version, answer.duplicate) == (7, True)
+    assert answer.parameters[0] == pulled
+    got = answer.parameters[1].chunk
+    want = (1, 64, b"\x01\x02\x03\x04", 0xDEADBEEF)
+    assert (got.tensor_index, got.offset, got.data, got.crc32c) == want

@@ -67,6 +67,41 @@ async def test_standby_takes_the_slot_of_a_killed_trainer_bitwise(cluster_procs)
     assert_bitwise_equal(got, want)
 
 
+async def test_a_step_needs_no_pull_call_and_stays_bitwise(cluster_procs):
+    """The weights each step ends with come back in the answers to the pushes: over a
+    fault-free job the primary serves a pull or two per trainer (its first weights),
+    not one per step, and the job ends bitwise equal to the reference run."""
+    from tests.integration.paramserver.support import metric
+
+    procs = cluster_procs
+    spec = small_spec(steps=30)
+    training.make_deterministic()
+    want = await asyncio.to_thread(training.reference_run, spec)
+    from tests.integration.coordinator.support import wait_leader
+
+    coord = procs.coordinator("c1")
+    await wait_leader(coord.address)
+    join = ("--coordinator", coord.address)
+    metrics_on = ("--metrics-port", "0")  # after the launcher's -1: the last one counts
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    primary = procs.start("services.paramserver", "ps-p", "--role", "primary",
+                          "--backups", backup.address, *join, *metrics_on)  # fmt: skip
+    procs.trainer("tr0", *join)
+    procs.trainer("tr1", *join)
+    async with CoordinatorClient(join[1]) as client:
+        await wait_trainers(client, {"tr0", "tr1"}, 30)
+        job = await client.create_job(spec, job_id="job-no-pull")
+        done = await wait_job_done(client, job.job_id, 180)
+        assert done.state == coordinator.JOB_STATE_SUCCEEDED, done.reason
+    pulls = await asyncio.to_thread(metric, primary, "grpc_server_started_total", grpc_method="Pull")
+    pushes = await asyncio.to_thread(metric, primary, "grpc_server_started_total", grpc_method="Push")
+    assert pushes >= 2 * spec.steps
+    assert pulls <= 3 * 2, f"{pulls} pulls for {spec.steps} steps"
+    version, got = await final_weights([primary.address, backup.address], job.job_id, spec)
+    assert version == spec.steps
+    assert_bitwise_equal(got, want)
+
+
 async def trainer_status(address: str) -> trainer.GetTrainerStatusResponse:
     async with open_channel(address) as channel:
         return await trainer_grpc.TrainerServiceStub(channel).GetTrainerStatus(
