@@ -447,11 +447,18 @@ class _LaunchedProcess:
             pass  # already gone
 
 
+def stat_fields(stat_line: str) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` line after the command name, from the
+    state (field 3) on: the name in parentheses may hold spaces and ``)``, so the
+    line is split after its last ``)``."""
+    return stat_line.rsplit(")", 1)[-1].split()
+
+
 def process_start_ticks(pid: int) -> int | None:
     """Field 22 of /proc/PID/stat, when the process started (clock ticks after boot);
     None if there is no such process or it has exited (a zombie)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        fields = stat_fields(Path(f"/proc/{pid}/stat").read_text())
         return None if fields[0] == "Z" else int(fields[19])
     except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
         return None

@@ -27,15 +27,15 @@ from stalwart import cluster
 from stalwart.bench import ddp, steptimeline
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo.watch import EventRecorder
+from stalwart.procs import stat_fields
 
 WARMUP = 50
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(stat_line: str) -> float:
-    """User + system seconds from a ``/proc/<pid>/stat`` line (fields 14 and 15;
-    the command name in parentheses may hold spaces, so split after its ``)``)."""
-    fields = stat_line.rsplit(")", 1)[1].split()
+    """User + system seconds from a ``/proc/<pid>/stat`` line (fields 14 and 15)."""
+    fields = stat_fields(stat_line)
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
