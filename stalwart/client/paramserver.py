@@ -392,8 +392,15 @@ class ParamServerClient:
         every group's answer carried its part."""
         if any(r.parameters is None for r in results):
             return None
-        versions = [r.parameters[0] for r in results]
-        return versions, shardmap.join([r.parameters[1] for r in results], self.pieces)
+        return self._joined([r.parameters for r in results])
+
+    def _joined(self, per_group: Sequence[tuple[int, dict]], optimizer_state: bool = False):
+        """(version per shard, full tensors) from each group's (version, pieces)."""
+        per_shard = [t for _, t in per_group]
+        tensors = shardmap.join(per_shard, self.pieces)
+        if optimizer_state:
+            tensors.update(shardmap.join_state(per_shard, self.pieces))
+        return [v for v, _ in per_group], tensors
 
     async def pull(
         self,
@@ -407,12 +414,7 @@ class ParamServerClient:
         results = await asyncio.gather(
             *(g.pull(job_id, since_version, min_version, optimizer_state) for g in self.groups)
         )
-        versions = [v for v, _ in results]
-        per_shard = [t for _, t in results]
-        tensors = shardmap.join(per_shard, self.pieces)
-        if optimizer_state:
-            tensors.update(shardmap.join_state(per_shard, self.pieces))
-        return versions, tensors
+        return self._joined(results, optimizer_state)
 
     async def record_evaluation(
         self, job_id: str, version: int, metrics: Mapping[str, float]
