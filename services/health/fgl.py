@@ -107,12 +107,17 @@ def predict_proba(
 ) -> np.ndarray:
     """Probability of "fails within the horizon" for windows ``idx`` (all by default)."""
     idx = np.arange(len(w.end)) if idx is None else idx
-    out = []
+    # One output array, filled batch by batch: a list of per-batch results would keep
+    # small blocks alive between the batches' large freed ones, so the heap could only
+    # grow (glibc returns memory from its top alone).
+    out = np.empty(len(idx), dtype=np.float32)
+    at = 0
     with torch.no_grad():
         for part in np.array_split(idx, max(1, len(idx) // 4096)):
             logits = model(w.batch(part, future=future)) / temperature
-            out.append(torch.softmax(logits, dim=1)[:, 1].numpy())
-    return np.concatenate(out) if out else np.zeros(0)
+            out[at : at + len(part)] = torch.softmax(logits, dim=1)[:, 1].numpy()
+            at += len(part)
+    return out
 
 
 def train_lstm(w: Windows, idx: np.ndarray, cfg: TrainConfig) -> nn.Module:
