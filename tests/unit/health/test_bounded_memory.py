@@ -1,11 +1,14 @@
 """What keeps a large fleet export's evaluation in bounded memory: float32 windows built
 one entity at a time, raw rows dropped once cleaned, baselines scored a run at a time,
-and a count-only cap on the networks' training windows."""
+a count-only cap on the networks' training windows, and scores and summaries written
+into one array instead of joined from per-batch pieces."""
 
 import numpy as np
 import pytest
 
-from services.health import datasets, detectors, eval_prediction, transceiver
+import torch
+
+from services.health import datasets, detectors, eval_prediction, fgl, transceiver
 from services.health.datasets import PredictionSet
 from services.health.windows import clean, make_windows
 
@@ -82,3 +85,22 @@ def test_training_windows_are_capped_by_count_alone():
     assert not np.array_equal(idx, eval_prediction.train_index(10_000, 4, cap=1_000))
     # the generator's fleets stay below the cap: their figures do not depend on it
     assert 500 * 0.8 * 288 / 2 < eval_prediction.MAX_TRAIN_WINDOWS
+
+
+def test_scores_and_summaries_over_many_batches_match_each_window_alone():
+    rng = np.random.default_rng(3)
+    n = 3 * 4096 + 5  # three batches, the last ones longer
+    e = datasets.Entity("e", np.arange(float(n)), rng.normal(size=(n, 2)).astype(np.float32))
+    w = make_windows([e], [clean(e, [])], 4, 3.0, 2)
+    torch.manual_seed(0)
+    model = fgl.LSTMClassifier(w.z.shape[1], hidden=4).eval()
+    scores, summary = fgl.predict_proba(model, w), w.summary()
+    assert scores.dtype == np.float32 and scores.shape == (len(w.end),)
+    assert summary.dtype == np.float32 and summary.shape == (len(w.end), 3 * w.z.shape[1])
+    some = np.array([0, 4095, 4096, 8191, 8192, len(w.end) - 1])
+    with torch.no_grad():
+        alone = torch.softmax(model(w.batch(some)), dim=1)[:, 1].numpy()
+    assert np.allclose(scores[some], alone, rtol=0, atol=1e-6)
+    x = w.batch(some).numpy()
+    expected = np.concatenate([x[:, -1], x.mean(axis=1), x[:, -1] - x[:, 0]], axis=1)
+    assert np.array_equal(summary[some], expected)
