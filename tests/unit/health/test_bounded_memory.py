@@ -5,7 +5,6 @@ into one array instead of joined from per-batch pieces."""
 
 import numpy as np
 import pytest
-
 import torch
 
 from services.health import datasets, detectors, eval_prediction, fgl, transceiver
