@@ -97,6 +97,7 @@ class StateStore:
         self.retention_s = retention_s
         self.clock = clock  # wall clock: the stamps outlive this process
         self._writes_since_trim = 0
+        self._events_kept_above: int | None = None  # events at or below it are deleted
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -113,6 +114,7 @@ class StateStore:
 
     def take_over(self, epoch: int) -> None:
         """Raise the stored epoch to ``epoch``; Fenced if a higher one is there already."""
+        self._events_kept_above = None  # other leaders may have trimmed since our last term
         key = self.key(EPOCH_KEY)
         for _ in range(100):  # CAS loop: only contention from other takeovers
             raw = self.store.kv_get(key)
@@ -231,9 +233,17 @@ class StateStore:
             self._trim_events(events[-1].sequence - keep)
 
     def _trim_events(self, below: int) -> None:
-        for key in self.store.kv_list(self.key("events/")):
-            if int(key.rsplit("/", 1)[1]) <= below:
-                self.store.kv_delete(key)
+        """Delete the events with sequence <= ``below``. Listing reads every stored
+        event (10,000 by default, each a file in a file store), so it happens once per
+        leader; after that the keys to delete are named from their sequences."""
+        if self._events_kept_above is None:
+            for key in self.store.kv_list(self.key("events/")):
+                if int(key.rsplit("/", 1)[1]) <= below:
+                    self.store.kv_delete(key)
+        else:
+            for sequence in range(self._events_kept_above + 1, below + 1):
+                self.store.kv_delete(self.key(f"events/{sequence:020d}"))
+        self._events_kept_above = max(below, self._events_kept_above or 0)
 
     # --- reads ---------------------------------------------------------------------
 
