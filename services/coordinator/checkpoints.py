@@ -151,7 +151,7 @@ class Checkpoints:
             self.c.require_leader()
             due = [
                 j.job_id
-                for j in self.c.jobs.values()
+                for j in self.c.live_jobs.values()
                 if j.state is jobs.JobState.RUNNING
                 and j.spec is not None
                 and j.spec.checkpoint_interval > 0
@@ -435,7 +435,7 @@ class Checkpoints:
     async def _restore_lost(self, shards: Sequence[int]) -> None:
         affected = sorted(
             j.job_id
-            for j in self.c.jobs.values()
+            for j in self.c.live_jobs.values()
             if not j.finished and any(k < j.num_shards for k in shards)
         )
         for job_id in affected:

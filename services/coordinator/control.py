@@ -68,7 +68,11 @@ class Control:
         self.on_fenced = on_fenced
         self.lock = asyncio.Lock()
         self.members = Membership(settings.node_lease_seconds, settings.detector())
-        self.jobs: dict[str, jobs.Job] = {}
+        self.jobs: dict[str, jobs.Job] = {}  # every job ever admitted
+        # the jobs placement and the polls still look at: unfinished ones, and finished
+        # ones until their nodes are released (they never hold one again). A long-lived
+        # leader admits jobs without end; heartbeats and reconciles walk only these.
+        self.live_jobs: dict[str, jobs.Job] = {}
         self.groups: dict[int, tuple[str, int]] = {}  # shard -> (primary node id, epoch)
         self.views: dict[str, ReplicaView] = {}  # paramserver node id -> last poll
         self.lost_groups: set[int] = set()  # every replica gone; a restore is pending
@@ -242,6 +246,7 @@ class Control:
             self.members.nodes = {n.node_id: node_from_proto(n) for n in nodes_in}
             self.members.refresh_all(now)  # nobody dies only because the leader changed
             self._restore_standbys(nodes_in)
+            self.live_jobs = {i: j for i, j in self.jobs.items() if _still_live(j)}
             self.groups, self.views = groups, {}
             self.lost_groups = await self.io(self.state.lost_groups)
             self.events.reset(last)
@@ -273,9 +278,9 @@ class Control:
 
     def holdings(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """node id -> (job id, the slots it holds ascending; none for a standby place),
-        for active and finished jobs."""
+        for active jobs and finished ones not yet released."""
         out: dict[str, tuple[str, tuple[int, ...]]] = {}
-        for job in self.jobs.values():
+        for job in self.live_jobs.values():
             out.update({n: (job.job_id, ()) for n in job.standbys})
             for node_id, slots in elastic.load({s.index: s.node_id for s in job.slots}).items():
                 out[node_id] = (job.job_id, tuple(slots))
@@ -401,6 +406,7 @@ class Control:
             job = jobs.Job(job_id, spec.num_slots, spec.steps, now, spec=spec,
                            num_shards=max(1, spec.num_shards))  # fmt: skip
             self.jobs[job_id] = job
+            self.live_jobs[job_id] = job
             self._dirty_jobs.add(job_id)
             self._job_event(
                 job,
@@ -490,7 +496,9 @@ class Control:
 
     def _reconcile(self, now: float) -> None:
         """Run placement and carry out its actions on the in-memory state."""
-        actions = placement.decide(list(self.jobs.values()), self.members.nodes.values())
+        for job_id in [i for i, j in self.live_jobs.items() if not _still_live(j)]:
+            del self.live_jobs[job_id]
+        actions = placement.decide(list(self.live_jobs.values()), self.members.nodes.values())
         if not actions:
             return
         changed = placement.apply(self.jobs, actions)
@@ -521,3 +529,8 @@ class Control:
         elif isinstance(a, placement.AttachStandby):
             self.events.add(EV.EVENT_KIND_SLOT_ASSIGNED, f"{a.node_id} is a warm standby of {a.job_id}",
                             job_id=a.job_id, node_id=a.node_id, slot=-1)  # fmt: skip
+
+
+def _still_live(job: jobs.Job) -> bool:
+    """Unfinished, or finished with nodes placement has yet to release."""
+    return not job.finished or bool(job.standbys) or any(s.node_id for s in job.slots)

@@ -217,7 +217,7 @@ class ParamWatch:
                 continue  # restored from a checkpoint (checkpoints.py), never promoted empty
             primary_id, recorded_epoch = c.groups.get(shard, ("", 0))
             committed = frozenset(
-                j.job_id for j in c.jobs.values()
+                j.job_id for j in c.live_jobs.values()
                 if not j.finished and shard < j.num_shards and j.step > 0
             )  # fmt: skip
             decided = promotion.decide(
@@ -230,7 +230,7 @@ class ParamWatch:
         """Each active job's committed step is the lowest version among its shards' primaries."""
         c = self.control
         now = time.time()
-        for job in c.jobs.values():
+        for job in c.live_jobs.values():
             if job.finished:
                 continue
             versions = [self._primary_version(k, job.job_id) for k in range(job.num_shards)]
@@ -310,7 +310,7 @@ class ParamWatch:
             c.require_leader()
             if shard in c.lost_groups:
                 return
-            affected = [j for j in c.jobs.values() if not j.finished and shard < j.num_shards]
+            affected = [j for j in c.live_jobs.values() if not j.finished and shard < j.num_shards]
             dead = [(v.node_id, v.address) for v in self.group(shard)
                     if v.address and not v.alive and not v.quarantined]  # fmt: skip
         if await self._any_answers(dead, {j.job_id for j in affected}):

@@ -242,7 +242,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         leading = self.control.epoch > 0 and self.control.leader.acting(time.monotonic())
         if leading:
             alive = sum(1 for n in self.control.members.nodes.values() if n.leased)
-            running = sum(1 for j in self.control.jobs.values() if j.state is JobState.RUNNING)
+            running = sum(1 for j in self.control.live_jobs.values() if j.state is JobState.RUNNING)
         else:
             alive, running = await self._counts_from_store()
         leader = self.control.leader

@@ -46,7 +46,7 @@ def _checkpoints(tmp_path, primary: _Primary) -> Checkpoints:
     asyncio.run(control.take_over(1))
     job = builders.job("j", ("t1",), running=True)
     job.spec = coordinator.JobSpec(num_slots=1, steps=100, batch_size=1, checkpoint_interval=4)
-    control.jobs["j"] = job
+    control.jobs["j"] = control.live_jobs["j"] = job
     control.members.nodes["p1"] = NodeRecord("p1", Role.PARAMSERVER, "p1:1")
     control.groups[0] = ("p1", 1)
     return Checkpoints(control, lambda _address: primary, lambda _shard: [], settings)
