@@ -5,24 +5,11 @@ rebuilds the same set from the store."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from services.coordinator.control import Control
-from services.coordinator.leader import LeaderState
 from services.coordinator.membership import NodeRecord, Role
-from services.coordinator.settings import CoordinatorSettings
-from services.coordinator.statestore import StateStore
 from stalwart.api import coordinator
-from stalwart.stores import open_store
-
-
-def _leader(url: str, epoch: int) -> Control:
-    settings = CoordinatorSettings(store_url=url)
-    leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
-    leader.acquired(epoch, f"c{epoch}@127.0.0.1:1", time.monotonic() + 3600)
-    control = Control(settings, StateStore(open_store(url), "t"), leader)
-    asyncio.run(control.take_over(epoch))
-    return control
+from tests.unit.coordinator.leaders import elected
 
 
 def _spec() -> coordinator.JobSpec:
@@ -36,7 +23,7 @@ def _heartbeat_job(control: Control, node_id: str) -> str:
 
 def test_finished_jobs_leave_the_walks_once_released(tmp_path) -> None:
     url = f"shm://{tmp_path}/state"
-    control = _leader(url, 1)
+    control = elected(url, 1)
     for i in range(30):  # finished before any trainer came: they never held a node
         asyncio.run(control.create_job(f"old-{i}", _spec(), ""))
         asyncio.run(control.cancel_job(f"old-{i}", "not wanted"))
@@ -56,7 +43,7 @@ def test_finished_jobs_leave_the_walks_once_released(tmp_path) -> None:
     assert control.holdings() == {"t1": ("next", (0,))}
     assert len(control.jobs) == 32 and control.jobs["live"].finished  # all still listed
 
-    successor = _leader(url, 2)
+    successor = elected(url, 2)
     assert set(successor.jobs) == set(control.jobs)
     assert set(successor.live_jobs) == {"next"}
     assert successor.holdings() == {"t1": ("next", (0,))}

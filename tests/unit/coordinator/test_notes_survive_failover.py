@@ -6,26 +6,12 @@ failover fell between the two reports."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from services.coordinator.control import Control
-from services.coordinator.leader import LeaderState
 from services.coordinator.membership import NodeRecord, NodeState, Role
-from services.coordinator.settings import CoordinatorSettings
-from services.coordinator.statestore import StateStore
 from services.coordinator.taskerrors import TaskError, TaskErrors
 from stalwart.api import common, coordinator
-from stalwart.stores import open_store
-
-
-def _leader(url: str, epoch: int) -> Control:
-    """A coordinator that has just been elected at ``epoch`` over the store at ``url``."""
-    settings = CoordinatorSettings(store_url=url)
-    leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
-    leader.acquired(epoch, f"c{epoch}@127.0.0.1:{epoch}", time.monotonic() + 3600)
-    control = Control(settings, StateStore(open_store(url), "t"), leader)
-    asyncio.run(control.take_over(epoch))
-    return control
+from tests.unit.coordinator.leaders import elected
 
 
 def _trainer(node_id: str) -> NodeRecord:
@@ -46,14 +32,14 @@ def test_a_drain_is_finished_and_its_reason_stored_before_the_call_returns(tmp_p
     store (replayed by the next leader) once drain_node returns. If drains ever wait
     for something, this fails, and the reason must be stored until the drain ends."""
     url = f"shm://{tmp_path}/state"
-    first = _leader(url, 1)
+    first = elected(url, 1)
     asyncio.run(first.register(_trainer("t1")))
     asyncio.run(first.create_job("j", _spec(1), ""))
     assert first.jobs["j"].slots[0].node_id == "t1"
     asyncio.run(first.drain_node("t1", "disk errors rising"))
     assert first.members.nodes["t1"].state is NodeState.DRAINED
     assert first.jobs["j"].slots[0].node_id == ""  # the slot waits for another trainer
-    second = _leader(url, 2)
+    second = elected(url, 2)
     assert _drained_messages(second) == ["node t1 drained: disk errors rising"]
     assert second.members.nodes["t1"].state is NodeState.DRAINED
 
@@ -65,14 +51,14 @@ def _error(node_id: str, slot: int) -> TaskError:
 
 def test_user_error_counts_carry_over_to_the_next_leader(tmp_path) -> None:
     url = f"shm://{tmp_path}/state"
-    first = _leader(url, 1)
+    first = elected(url, 1)
     for node in ("t1", "t2"):
         asyncio.run(first.register(_trainer(node)))
     asyncio.run(first.create_job("j", _spec(2), ""))
     job = asyncio.run(first.task_error("j", _error("t1", 0)))
     assert not job.finished  # one trainer's report only counts
 
-    second = _leader(url, 2)
+    second = elected(url, 2)
     job = asyncio.run(second.task_error("j", _error("t2", 1)))
     assert job.finished and "bad shape" in job.status.reason and "2 trainers" in job.status.reason
     assert second.state.task_errors() == {}  # the job failed: its counts are dropped
