@@ -246,7 +246,7 @@ class Control:
             self.members.nodes = {n.node_id: node_from_proto(n) for n in nodes_in}
             self.members.refresh_all(now)  # nobody dies only because the leader changed
             self._restore_standbys(nodes_in)
-            self.live_jobs = {i: j for i, j in self.jobs.items() if _still_live(j)}
+            self.live_jobs = dict(self.jobs)  # the _reconcile below leaves the released out
             self.groups, self.views = groups, {}
             self.lost_groups = await self.io(self.state.lost_groups)
             self.events.reset(last)
@@ -533,4 +533,4 @@ class Control:
 
 def _still_live(job: jobs.Job) -> bool:
     """Unfinished, or finished with nodes placement has yet to release."""
-    return not job.finished or bool(job.standbys) or any(s.node_id for s in job.slots)
+    return not job.finished or bool(job.holders())

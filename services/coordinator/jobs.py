@@ -111,6 +111,10 @@ class Job:
     def finished(self) -> bool:
         return self.state in TERMINAL
 
+    def holders(self) -> list[str]:
+        """The nodes the job holds: its slots' trainers, then its standbys."""
+        return [s.node_id for s in self.slots if s.node_id] + list(self.standbys)
+
     def holder_of(self, node_id: str) -> Slot | None:
         return next((s for s in self.slots if s.node_id == node_id), None)
 

@@ -100,8 +100,7 @@ def decide(jobs: Sequence[Job], nodes: Iterable[NodeRecord]) -> list[Action]:
 def _release_finished(jobs: Sequence[Job]) -> Iterable[Action]:
     for job in jobs:
         if job.finished:
-            holders = [s.node_id for s in job.slots if s.node_id] + list(job.standbys)
-            yield from (Release(job.job_id, n) for n in holders)
+            yield from (Release(job.job_id, n) for n in job.holders())
 
 
 def _vacate_ineligible(job: Job, eligible: dict, busy: set[str]) -> list[Action]:
