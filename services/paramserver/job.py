@@ -67,6 +67,23 @@ def rules_from(header: paramserver.ModelHeader) -> Rules:
     )
 
 
+@dataclass(frozen=True)
+class Reduced:
+    """One update before the optimizer: the gradients of its pushes summed in slot
+    order, and each buffer's combined value (stalwart.gradients.combine_buffers)."""
+
+    grads: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {**self.grads, **self.buffers}
+
+    @classmethod
+    def split(cls, tensors: Mapping[str, torch.Tensor], buffer_names: frozenset[str]) -> Reduced:
+        grads = {n: t for n, t in tensors.items() if n not in buffer_names}
+        return cls(grads, {n: t for n, t in tensors.items() if n in buffer_names})
+
+
 class JobModel:
     """Parameters + optimizer + version/clocks/dedupe/pending of one job."""
 
@@ -91,6 +108,8 @@ class JobModel:
         self.applied: OrderedDict[tuple[int, int], int] = OrderedDict()
         self.pending: dict[tuple[int, int], tuple[int, dict[str, torch.Tensor]]] = {}
         self.param_versions = {name: 0 for name in self.params}
+        # (version, pushes, update): the reduced update staged for the next commit
+        self.summed: tuple[int, tuple[tuple[int, int], ...], Reduced] | None = None
 
     @property
     def job_id(self) -> str:
@@ -151,12 +170,22 @@ class JobModel:
             return None
         return [Entry(step, s, self.pending[(step, s)][0]) for s in range(self.rules.num_slots)]
 
+    @property
+    def forwards_sums(self) -> bool:
+        """Does the primary forward this job's updates summed (one transfer per step
+        to each backup) instead of each push as it arrives? Where a step sums
+        several pushes: synchronous jobs of more than one slot."""
+        return self.rules.mode is Mode.SYNC and self.rules.num_slots > 1
+
     def has_entries(self, entries: Sequence[Entry]) -> bool:
+        if self._summed_for(entries) is not None:
+            return True
         return all(self.pending.get((e.step, e.slot), (None,))[0] == e.crc for e in entries)
 
-    def apply(self, entries: Sequence[Entry]) -> int:
-        """Sum the entries' gradients in the given order, reduce and clip the sum, set the
-        version's scheduled rate (stalwart.gradients), run the optimizer, bump the version."""
+    def reduce(self, entries: Sequence[Entry]) -> Reduced:
+        """The entries' gradients summed in the given order and each buffer's combined
+        value: what :meth:`apply` feeds the optimizer. The buffered pushes are left
+        as they are (the sum goes into a copy when there are several)."""
         summed: dict[str, torch.Tensor] = {}
         buffers: dict[str, list[torch.Tensor]] = {}
         for e in entries:
@@ -165,21 +194,43 @@ class JobModel:
                     buffers.setdefault(name, []).append(grad)
                 elif name in summed:
                     summed[name] += grad
-                else:  # the buffered gradient is ours alone: sum into it, no copy
-                    summed[name] = grad
+                else:  # one entry: its buffered gradient is ours alone, no copy
+                    summed[name] = grad.clone() if len(entries) > 1 else grad
+        combined = {name: gradients.combine_buffers(values) for name, values in buffers.items()}
+        return Reduced(summed, combined)
+
+    def stage_sum(self, version: int, keys: Sequence[tuple[int, int]], reduced: Reduced) -> None:
+        """Hold the reduced update of the pushes ``keys`` (in order), for the commit of
+        ``version`` that names them (on a backup: the sum its primary forwarded)."""
+        self.summed = (version, tuple(keys), reduced)
+
+    def _summed_for(self, entries: Sequence[Entry]) -> Reduced | None:
+        if self.summed is None:
+            return None
+        version, keys, reduced = self.summed
+        if version != self.version or keys != tuple((e.step, e.slot) for e in entries):
+            return None
+        return reduced
+
+    def apply(self, entries: Sequence[Entry]) -> int:
+        """Apply the entries' sum (the reduced update staged for them, or
+        :meth:`reduce` of their pushes): clip it, set the version's scheduled rate
+        (stalwart.gradients), run the optimizer, set the buffers, bump the version."""
+        reduced = self._summed_for(entries) or self.reduce(entries)
+        self.summed = None
         for name, param in self.params.items():
-            param.grad = summed.get(name)  # None: the optimizer leaves it alone
+            param.grad = reduced.grads.get(name)  # None: the optimizer leaves it alone
         gradients.prepare_step(
-            self.optimizer, self.params, summed, len(entries), self.version,
+            self.optimizer, self.params, reduced.grads, len(entries), self.version,
             self.header.optimizer,
         )  # fmt: skip
         self.optimizer.step()
         for param in self.params.values():
             param.grad = None
-        for name, values in buffers.items():
-            self.params[name].copy_(gradients.combine_buffers(values))
+        for name, value in reduced.buffers.items():
+            self.params[name].copy_(value)
         self.version += 1
-        for name in [*summed, *buffers]:
+        for name in [*reduced.grads, *reduced.buffers]:
             self.param_versions[name] = self.version
         self._record(entries)
         return self.version

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 import structlog
+import torch
 
 from services.paramserver import commit, replstream
 from services.paramserver.job import Entry
@@ -171,12 +172,36 @@ class Replicator:
         return streams
 
     async def forward_header(
-        self, streams: Sequence[ForwardStream], header: paramserver.PushHeader
-    ):
+        self, streams: Sequence[ForwardStream], header: paramserver.PushHeader,
+        summed: Sequence[paramserver.PushHeader] = (),
+    ):  # fmt: skip
         msg = paramserver.ReplicatePushRequest(
-            header=paramserver.ReplicatePushHeader(epoch=self.replica.epoch, push=header)
+            header=paramserver.ReplicatePushHeader(
+                epoch=self.replica.epoch, push=header, summed=summed
+            )
         )
         await asyncio.gather(*(s.write(msg) for s in streams))
+
+    def forward_sum(
+        self, header: paramserver.PushHeader, summed: Sequence[paramserver.PushHeader],
+        tensors: Sequence[torch.Tensor],
+    ) -> tuple[asyncio.Future, frozenset[str]]:  # fmt: skip
+        """Forward a step's reduced update, as one push naming the pushes ``summed``,
+        to every backup in sync: (the forward's end, as ``finish_forwards``, and the
+        backups it goes to). The tensors must not change until it ended."""
+        streams = self.open_forwards(header)
+
+        async def send() -> None:
+            try:
+                await self.forward_header(streams, header, summed)
+                for message in codec.encode_chunk_messages(tensors, self.chunk_bytes, packed=True):
+                    await self.forward_chunk(streams, message)
+            except BaseException:
+                self.cancel_forwards(streams)
+                raise
+            await self.finish_forwards(header.job_id, streams)
+
+        return asyncio.ensure_future(send()), frozenset(s.address for s in streams)
 
     async def forward_chunk(self, streams: Sequence[ForwardStream], message: bytes):
         """Forward one chunk, serialized by :func:`codec.chunk_message` (the stubs

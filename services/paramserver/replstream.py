@@ -315,7 +315,7 @@ class BackupSession:
         context: grpc.aio.ServicerContext,
         check: Callable[[int], None],
         limits: codec.Limits,
-        stage: Callable[[paramserver.PushHeader, codec.ChunkAssembler], Awaitable[None]],
+        stage: Callable[[paramserver.ReplicatePushHeader, codec.ChunkAssembler], Awaitable[None]],
         commit: Callable[[paramserver.ReplicateCommitRequest], Awaitable[int]],
     ):
         self.context = context
@@ -323,7 +323,7 @@ class BackupSession:
         self.limits = limits
         self.stage = stage
         self.commit = commit
-        self.pushes: dict[int, tuple[paramserver.PushHeader, codec.ChunkAssembler]] = {}
+        self.pushes: dict[int, tuple[paramserver.ReplicatePushHeader, codec.ChunkAssembler]] = {}
         self.tasks: set[asyncio.Task] = set()
         self._write_lock = asyncio.Lock()
 
@@ -371,7 +371,7 @@ class BackupSession:
                     )
                 push = header.push
                 assembler = codec.ChunkAssembler(push.tensors, self.limits, push.packed)
-                self.pushes[op] = (push, assembler)
+                self.pushes[op] = (header, assembler)
             elif part == "end":
                 push = self.pushes.pop(op, None)
                 if push is None:

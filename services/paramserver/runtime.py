@@ -20,6 +20,7 @@ from services.paramserver.job import Entry, JobModel
 from services.paramserver.replica import Check, ReplicaState
 from services.paramserver.replicator import Fenced, Replicator
 from stalwart import codec
+from stalwart.api import paramserver
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.offload import off_loop
 
@@ -58,6 +59,9 @@ class JobRuntime:
     forwarding: dict[tuple[int, int], tuple[asyncio.Future, frozenset[str]]] = field(
         default_factory=dict
     )
+    # on a primary forwarding sums (JobModel.forwards_sums): (step, slot) -> the
+    # header of that staged push, without its tensors, named in the sum's forward
+    summed_pushes: dict[tuple[int, int], paramserver.PushHeader] = field(default_factory=dict)
     step_done: dict[int, asyncio.Future] = field(default_factory=dict)
     pull_cache: tuple | None = None  # (version, names, chunk size, header, chunks)
     # GetFingerprint(at_version) callers, answered when a commit reaches that version
@@ -198,8 +202,11 @@ class JobHost:
         the in-sync backups and here at once, and answer the step's waiters."""
         job_id, base, step = job.model.job_id, job.model.version, entries[0].step
         waiter = job.future_for(step)
-        records = [job.forwarding[k] for k in ((e.step, e.slot) for e in entries)
-                   if k in job.forwarding]  # fmt: skip
+        if job.model.forwards_sums:
+            records = [await self._forward_sum(job, entries)]
+        else:
+            records = [job.forwarding[k] for k in ((e.step, e.slot) for e in entries)
+                       if k in job.forwarding]  # fmt: skip
         targets = tuple(self.replicator.synced(job_id))
         # a backup synced after one of these pushes was forwarded never got it
         unforwarded = frozenset(a for a in targets for _, sent in records if a not in sent)
@@ -255,6 +262,29 @@ class JobHost:
             for task in tasks:
                 task.cancel()
         raise AssertionError("a commit round ended without an outcome")  # pragma: no cover
+
+    async def _forward_sum(
+        self, job: JobRuntime, entries: list[Entry]
+    ) -> tuple[asyncio.Future, frozenset[str]]:
+        """Reduce the step's pushes here and start forwarding the sum to the backups
+        (one transfer each, instead of every push): the record of that forward.
+        The commit applies the very tensors forwarded, after the forward ended."""
+        model = job.model
+        reduced = await off_loop(model.reduce, entries)
+        keys = [(e.step, e.slot) for e in entries]
+        model.stage_sum(model.version, keys, reduced)
+        tensors = reduced.tensors()
+        header = paramserver.PushHeader(
+            job_id=model.job_id, step=entries[0].step, slot=entries[0].slot,
+            base_version=model.version, tensors=[codec.spec_of(n, t) for n, t in tensors.items()],
+            packed=True,
+        )  # fmt: skip
+        pushes = [job.summed_pushes.pop(k, None) for k in keys]
+        summed = [p or paramserver.PushHeader(job_id=model.job_id, step=k[0], slot=k[1])
+                  for p, k in zip(pushes, keys, strict=True)]  # fmt: skip
+        for key in [k for k in job.summed_pushes if k[0] < entries[0].step]:
+            del job.summed_pushes[key]  # of steps that went by without them
+        return self.replicator.forward_sum(header, summed, list(tensors.values()))
 
     async def _execute(
         self, job: JobRuntime, action, step: int, waiter: asyncio.Future

@@ -16,7 +16,7 @@ import structlog
 from services.paramserver import checkpointing, commit, jobmetrics, metrics, phases, replstream
 from services.paramserver.consistency import Verdict
 from services.paramserver.faults import Faults
-from services.paramserver.job import Entry, JobModel, check_finite, combined_fingerprint
+from services.paramserver.job import Entry, JobModel, Reduced, check_finite, combined_fingerprint
 from services.paramserver.replica import Check, ReplicaState, Role
 from services.paramserver.replicator import Fenced, Replicator
 from services.paramserver.runtime import JobHost, JobRuntime
@@ -207,7 +207,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         )
         job.model.check_slot(header.step, header.slot)
         job.model.check_grad_specs(header.tensors)
-        forwards = self.replicator.open_forwards(header)
+        # a synchronous step's pushes reach the backups summed, once (runtime.JobHost.commit)
+        forwards = [] if job.model.forwards_sums else self.replicator.open_forwards(header)
         try:
             await self.replicator.forward_header(forwards, header)
 
@@ -288,6 +289,11 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             if verdict is Verdict.ACCEPT:
                 job.model.stage(header.step, header.slot, crc, grads)
                 self.histories.on_push(header)
+                if job.model.forwards_sums:
+                    bare = paramserver.PushHeader()
+                    bare.CopyFrom(header)
+                    bare.ClearField("tensors")
+                    job.summed_pushes[(header.step, header.slot)] = bare
                 entries = job.model.ready_entries(header.step, header.slot)
             action = commit.on_push(
                 verdict, entries is not None, job.model.version,
@@ -553,16 +559,24 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         assembler = await _read_tensors(
             request_iterator, push.tensors, self.limits, None, push.packed
         )
-        await self._stage_forwarded(push, assembler)
+        await self._stage_forwarded(header, assembler)
         return paramserver.ReplicatePushResponse()
 
-    async def _stage_forwarded(self, push, assembler: codec.ChunkAssembler) -> None:
-        """Buffer a push the primary forwarded (ReplicatePush, the Replicate stream)."""
+    async def _stage_forwarded(self, header, assembler: codec.ChunkAssembler) -> None:
+        """Buffer a push the primary forwarded (ReplicatePush, the Replicate stream),
+        or the sum of a step's pushes (``header.summed``)."""
+        push = header.push
         job = self._job(push.job_id)
-        grads = assembler.finish()
+        tensors = assembler.finish()
         async with job.lock:
-            job.model.stage(push.step, push.slot, assembler.payload_crc32c, grads)
-            self.histories.on_push(push)
+            if header.summed:
+                keys = [(p.step, p.slot) for p in header.summed]
+                job.model.stage_sum(push.base_version, keys, Reduced.split(tensors, job.model.buffers))
+                for summed in header.summed:
+                    self.histories.on_push(summed)
+            else:
+                job.model.stage(push.step, push.slot, assembler.payload_crc32c, tensors)
+                self.histories.on_push(push)
             job.staged.notify_all()  # a commit naming this push may be waiting for it
 
     @rpc_handler

@@ -388,3 +388,87 @@ def test_entry_proto_round_trip():
     e = Entry(step=5, slot=2, crc=0xFFFFFFFF)
     proto = common.CommitEntry.FromString(e.to_proto().SerializeToString())
     assert Entry.from_proto(proto) == e
+
+
+# --- a synchronous step's update, forwarded summed ------------------------------------
+
+
+def _with_buffer(name: str = "scale") -> JobModel:
+    init = initial_params()
+    head = header(sgd(lr=0.1, momentum=0.9), init)
+    head.buffer_names.append(name)
+    return JobModel(head, init)
+
+
+def _staged(job: JobModel, step: int) -> list[Entry]:
+    for slot in range(NUM_SLOTS):
+        job.stage(step, slot, crc=step * 10 + slot, grads=own(grads_for(job.params, step, slot)))
+    return job.ready_entries(step, NUM_SLOTS - 1)
+
+
+def _over_the_wire(reduced: jobmod.Reduced, buffers: frozenset[str]) -> jobmod.Reduced:
+    """The reduced update as a backup decodes it from the forwarded chunks."""
+    tensors = reduced.tensors()
+    asm = codec.ChunkAssembler([codec.spec_of(n, t) for n, t in tensors.items()])
+    for chunk in codec.encode_chunks(list(tensors.values()), chunk_bytes=5):
+        asm.add(common.TensorChunk.FromString(chunk.SerializeToString()))
+    return jobmod.Reduced.split(asm.finish(), buffers)
+
+
+def test_forwards_sums_only_where_a_step_sums_several_pushes():
+    assert make_job().forwards_sums
+    assert not make_job(num_slots=1).forwards_sums
+    assert not make_job(mode=common.CONSISTENCY_MODE_ASYNC).forwards_sums
+    assert not make_job(mode=common.CONSISTENCY_MODE_SSP, staleness=1).forwards_sums
+
+
+def test_reduce_leaves_the_buffered_pushes_as_they_were():
+    job = _with_buffer()
+    entries = _staged(job, 0)
+    before = {k: own(v[1]) for k, v in job.pending.items()}
+    reduced = job.reduce(entries)
+    for key, grads in before.items():
+        assert_same_tensors(job.pending[key][1], grads)
+    assert "scale" in reduced.buffers and "scale" not in reduced.grads
+    total = before[(0, 0)]["fc.weight"].clone()
+    total += before[(0, 1)]["fc.weight"]
+    total += before[(0, 2)]["fc.weight"]
+    assert torch.equal(reduced.grads["fc.weight"], total)
+
+
+def test_a_backup_applying_the_forwarded_sum_ends_bitwise_equal_to_its_primary():
+    primary, backup = _with_buffer(), _with_buffer()
+    for step in range(4):
+        entries = _staged(primary, step)
+        reduced = primary.reduce(entries)
+        keys = [(e.step, e.slot) for e in entries]
+        primary.stage_sum(primary.version, keys, reduced)
+        # the backup holds none of the pushes, only the sum (decoded before the primary's
+        # apply changes the tensors it was encoded from)
+        backup.stage_sum(step, keys, _over_the_wire(reduced, backup.buffers))
+        assert backup.has_entries(entries)
+        assert primary.apply(entries) == backup.apply(entries) == step + 1
+        assert_same_tensors(backup.state_tensors(), primary.state_tensors())
+        assert backup.applied == primary.applied and backup.clocks == primary.clocks
+    plain = _with_buffer()
+    for step in range(4):
+        plain.apply(_staged(plain, step))
+    assert_same_tensors(plain.state_tensors(), primary.state_tensors())
+
+
+def test_a_sum_staged_for_another_version_or_other_pushes_is_not_applied():
+    job = make_job()
+    entries = _staged(job, 0)
+    bogus = jobmod.Reduced({n: torch.full_like(p, 7.0) for n, p in job.params.items()}, {})
+    keys = [(e.step, e.slot) for e in entries]
+    reference = make_job()
+    reference.apply(_staged(reference, 0))
+    for version, staged_keys in [(5, keys), (0, keys[:2])]:
+        other = make_job()
+        other_entries = _staged(other, 0)
+        other.stage_sum(version, staged_keys, bogus)
+        other.apply(other_entries)  # from its own pushes
+        assert_same_tensors(other.params, reference.params)
+    empty = make_job()
+    empty.stage_sum(1, keys, bogus)  # version 1: the job is at 0
+    assert not empty.has_entries(entries)
