@@ -88,6 +88,8 @@ async def test_steps_go_on_one_stream_and_end_bitwise_equal_to_unary_calls(launc
         assert after == before, "steps on an open stream make no call of their own"
         assert after["ReplicateStream"] == 1
         assert _calls(b2, "ReplicateStream") == 0 and _calls(b2, "ReplicateCommit") >= STEPS
+        # a synchronous step reaches the backup as one forward, the sum of its pushes
+        assert _calls(b2, "ReplicatePush") == _calls(b2, "ReplicateCommit") == STEPS
         assert not await _streaming(stub_for(a2.address), b2.address)
 
         streamed = await assert_same_state(stub_for, [a1, b1], job)
