@@ -14,15 +14,12 @@ from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.statestore import StateStore
 from stalwart.stores import open_store
 from tests.helpers import assert_eventually_async
+from tests.unit.coordinator.leaders import holding_lease
 
 
-def _leader(url: str, epoch: int) -> Control:
-    settings = CoordinatorSettings(store_url=url)
-    leader = LeaderState(settings.leader_ttl_seconds, settings.leader_margin_seconds)
-    leader.acquired(epoch, f"c{epoch}@127.0.0.1:{epoch}", time.monotonic() + 3600)
-    control = Control(settings, StateStore(open_store(url), "t"), leader)
-    control.state.take_over(epoch)
-    control.epoch = epoch
+async def _leader(url: str, epoch: int) -> Control:
+    control = holding_lease(url, epoch)
+    await control.take_over(epoch)
     return control
 
 
@@ -39,13 +36,13 @@ def test_a_request_id_runs_once_also_on_the_next_leader(tmp_path):
         return "found " + raw.decode()
 
     async def scenario():
-        first = _leader(url, 1)
+        first = await _leader(url, 1)
         answers = await asyncio.gather(*(first.once("M", "r1", run, str.encode, decode)
                                           for _ in range(3)))  # fmt: skip
         assert answers == ["ckpt-1"] * 3 and runs == ["ran"]
         assert await first.once("M", "r1", run, str.encode, decode) == "found ckpt-1"
         assert await first.once("Other", "r1", run, str.encode, decode) == "ckpt-1"
-        second = _leader(url, 2)  # took over: its store holds the answers
+        second = await _leader(url, 2)  # took over: its store holds the answers
         assert await second.once("M", "r1", run, str.encode, decode) == "found ckpt-1"
         assert runs == ["ran", "ran"]  # only "Other" ran a second time
 
@@ -57,7 +54,7 @@ def test_a_failed_call_is_not_remembered(tmp_path):
     calls = []
 
     async def scenario():
-        control = _leader(control_url, 1)
+        control = await _leader(control_url, 1)
 
         async def boom():
             calls.append(1)
