@@ -190,6 +190,8 @@ class Replicator:
         to every backup in sync: (the forward's end, as ``finish_forwards``, and the
         backups it goes to). The tensors must not change until it ended."""
         streams = self.open_forwards(header)
+        if not streams:  # no backup in sync: nothing to encode
+            return asyncio.ensure_future(self.finish_forwards(header.job_id, [])), frozenset()
 
         async def send() -> None:
             try:
