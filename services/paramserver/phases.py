@@ -8,7 +8,10 @@ after a window of steps (:mod:`stalwart.bench.steptimeline`). Phases:
 - ``wait_slots``: a staged push waiting for the other slots (0 for the last one);
 - ``apply``: sum in slot order + optimizer step on this replica;
 - ``replicate``: the backups' commit round trip (runs alongside ``apply``);
-- ``commit``: both of those, i.e. until the update is applied here and on the backups.
+- ``commit``: both of those, i.e. until the update is applied here and on the backups;
+- ``answer``: after the push is acknowledged, building an answer that carries the
+  next weights (the job's lock, the version's cached snapshot, the message), for
+  pushes that ask for them (``PushHeader.answer_parameters_bytes``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import TypeVar
 from prometheus_client import Summary
 
 T = TypeVar("T")
-PHASES = ("receive", "wait_slots", "apply", "replicate", "commit")
+PHASES = ("receive", "wait_slots", "apply", "replicate", "commit", "answer")
 PHASE_SECONDS = Summary(
     "stalwart_paramserver_push_phase_seconds",
     "Seconds a sync push spends in each phase on this replica (see services/paramserver/phases.py).",

@@ -192,7 +192,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         job, header, response = await self._push(request_iterator, context)
         if header.answer_parameters_bytes:
             limit = min(header.answer_parameters_bytes, self.chunk_bytes + codec.PUSH_ANSWER_SLACK_BYTES)
-            return await self._with_parameters(job, header.base_version, limit, response)
+            return await phases.timed(
+                "answer", self._with_parameters(job, header.base_version, limit, response)
+            )
         return response
 
     @metrics.counted_push

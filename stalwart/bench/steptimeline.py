@@ -5,7 +5,7 @@ Trainers record ``stalwart_trainer_step_phase_seconds{phase}`` and paramservers
 :func:`scrape` reads every live trainer's and paramserver's ``/metrics`` at the
 start and end of a window; :func:`per_step_ms` turns the differences into the
 mean of each phase over the window's observations (one per slot and step for
-trainer phases and ``receive``/``wait_slots``, one per step for ``apply``,
+trainer phases and ``receive``/``wait_slots``/``answer``, one per step for ``apply``,
 ``replicate`` and ``commit`` on the primary; backups record none of these).
 """
 
@@ -24,7 +24,7 @@ FAMILIES = {
 # The order a step's time is printed in: the trainer's view, then inside its push.
 ORDER = ("trainer.pull", "trainer.load", "trainer.compute", "trainer.push",
          "paramserver.receive", "paramserver.wait_slots", "paramserver.commit",
-         "paramserver.apply", "paramserver.replicate")  # fmt: skip
+         "paramserver.apply", "paramserver.replicate", "paramserver.answer")  # fmt: skip
 
 
 def parse(text: str) -> dict[str, list[float]]:

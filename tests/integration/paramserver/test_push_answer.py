@@ -37,6 +37,10 @@ def _assert_same(got: dict, want: dict) -> None:
         assert torch.equal(got[name], tensor), name
 
 
+def _answers_timed(proc) -> float:
+    return metric(proc, "stalwart_paramserver_push_phase_seconds_count", phase="answer")
+
+
 async def test_every_slot_of_a_sync_step_gets_the_committed_parameters(shared_groups) -> None:
     group = shared_groups[0]
     job = "answer-sync"
@@ -47,6 +51,7 @@ async def test_every_slot_of_a_sync_step_gets_the_committed_parameters(shared_gr
         try:
             await client.register_model(header, list(init.values()))
             pulls = metric(group.primary, "grpc_server_started_total", grpc_method="Pull")
+            answered = _answers_timed(group.primary)
             grads = [{"w": torch.full((3, 4), 0.5), "b": torch.arange(4.0)},
                      {"w": torch.full((3, 4), -0.125), "b": torch.ones(4)}]  # fmt: skip
             answers = await asyncio.gather(
@@ -69,6 +74,8 @@ async def test_every_slot_of_a_sync_step_gets_the_committed_parameters(shared_gr
             # not asked: none
             plain = await client.push(job, 0, 1, 0, grads[1])
             assert plain.duplicate and plain.parameters is None
+            # the step timeline's answer phase: one per push that asked (3), not the plain one
+            assert _answers_timed(group.primary) == answered + 3
         finally:
             await client.close()
 
