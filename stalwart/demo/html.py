@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from stalwart.demo.svg import COLORS, Marker, Span, line_chart, timeline_chart
+from stalwart.demo.svg import COLORS, Marker, Span, line_chart, step_phases_chart, timeline_chart
 
 _STYLE = """
 body { font-family: sans-serif; margin: 24px auto; max-width: 1180px; color: #222; }
@@ -47,6 +47,17 @@ def _charts(report: dict) -> str:
                 )
             )  # fmt: skip
     return '<div class="charts">' + "".join(charts) + "</div>"
+
+
+def _step_phases(report: dict) -> str:
+    """The step timeline (docs/performance.md, "Step timeline"), when it was scraped."""
+    step_ms = report.get("step_ms") or {}
+    if not step_ms:
+        return ""
+    return ("<h2>Step timeline</h2><p>Mean milliseconds per observation of each phase, "
+            "from the trainers' and the paramservers' own metrics over the whole run, "
+            "faults included (<code>stalwart bench ddp</code> measures a fault-free "
+            f"window).</p><p>{step_phases_chart(step_ms)}</p>")  # fmt: skip
 
 
 def _fault_rows(report: dict) -> str:
@@ -113,6 +124,7 @@ coordinator leader</h1>
 <h2>Faults and recovery</h2>
 {_fault_rows(report)}
 <p>{timeline_chart(spans)}</p>
+{_step_phases(report)}
 <h2>Training curves (faults marked)</h2>
 {_charts(report)}
 <h2>Cluster events (steps omitted)</h2>

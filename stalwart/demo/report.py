@@ -81,6 +81,8 @@ def build(
             "total_s": round(finished - t0, 2),
         },
         "faults": [r.to_dict(t0) for r in recoveries],
+        # ms per observation of each step phase over the run (docs/performance.md)
+        "step_ms": result.step_ms,
         "steps": {
             "final_version": result.final_version,
             **audit.to_dict(),

@@ -27,6 +27,7 @@ import torch
 
 from stalwart import cluster, training
 from stalwart.api import coordinator
+from stalwart.bench import steptimeline
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo import report, timeline
 from stalwart.demo.watch import EventRecorder, Sampler, param_client, pull_weights
@@ -220,6 +221,7 @@ class TrainResult:
     training_s: float
     sampler_errors: int
     heated_alive: bool | None = None  # HEATED still running at the end (None: not heated)
+    step_ms: dict[str, float] = field(default_factory=dict)  # the step timeline
 
 
 async def _train(
@@ -250,6 +252,8 @@ async def _train(
                 lambda step: say("training", step, config.steps),
             )  # fmt: skip
             training_s = time.time() - submitted
+            # what the live trainers and paramservers recorded, faults included
+            step_ms = steptimeline.per_step_ms({}, await steptimeline.scrape(local))
             ps = await param_client(client, job.job_id, spec)
             try:
                 version, params = await pull_weights(ps, job.job_id, min(job.step, spec.steps))
@@ -264,7 +268,7 @@ async def _train(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     return TrainResult(job, faults, list(recorder.events), list(sampler.samples), version,
-                       params, metrics, training_s, sampler.errors, heated_alive)  # fmt: skip
+                       params, metrics, training_s, sampler.errors, heated_alive, step_ms)  # fmt: skip
 
 
 async def _tick(recorder: EventRecorder, say: Progress, what: str, total: int) -> None:

@@ -155,3 +155,32 @@ def timeline_chart(spans: Sequence[Span], width: int = 720) -> str:
                f'next committed step</text>')  # fmt: skip
     out.append("</svg>")
     return "".join(out)
+
+
+def step_phases_chart(step_ms: dict[str, float], width: int = 560) -> str:
+    """One bar per phase of the step timeline (``stalwart.bench.steptimeline``), in the
+    order given: milliseconds per observation. The paramserver's phases happen inside
+    the trainer's push, so the bars are not stacked."""
+    row, left, right, top = 24, 170, 60, 30
+    height = top + row * len(step_ms) + 26
+    x1 = max(step_ms.values(), default=1.0) or 1.0
+    pw = width - left - right
+
+    def sx(v: float) -> float:
+        return left + v / x1 * pw
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" '
+           f'font-weight="bold">Where a synchronous step goes (ms per observation)</text>']  # fmt: skip
+    for i, (phase, ms) in enumerate(step_ms.items()):
+        y = top + i * row
+        role = phase.partition(".")[0]
+        out.append(f'<text x="{left - 8}" y="{y + 15}" text-anchor="end">{escape(phase)}</text>'
+                   f'<rect x="{left}" y="{y + 3}" width="{max(1.0, sx(ms) - left):.1f}" height="16" '
+                   f'fill="{COLORS.get(role, LINE)}"><title>{escape(phase)}: {ms:.2f} ms</title></rect>'
+                   f'<text x="{sx(ms) + 4:.1f}" y="{y + 15}">{ms:.2f}</text>')  # fmt: skip
+    out.append(f'<text x="{left}" y="{height - 6}" fill="#666">trainer phases in red, the '
+               f'paramserver primary\'s (inside the push) in purple</text>')  # fmt: skip
+    out.append("</svg>")
+    return "".join(out)

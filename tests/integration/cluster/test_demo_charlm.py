@@ -35,3 +35,7 @@ def test_demo_trains_char_lm_through_the_kills(tmp_path: Path):
     assert kinds and kinds == ["trainer", "paramserver", "coordinator"][: len(kinds)]
     assert all(f["recovery_s"] is not None for f in report["faults"])
     assert Path(report["html"]).exists()
+    # the step timeline, from the services' own metrics: in the JSON and drawn on the page
+    phases = report["step_ms"]
+    assert phases["trainer.compute"] > 0 and phases["paramserver.commit"] > 0
+    assert "Where a synchronous step goes" in Path(report["html"]).read_text()
