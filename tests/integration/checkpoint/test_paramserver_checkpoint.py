@@ -251,8 +251,10 @@ async def test_save_train_load_restores_both_replicas(group, store_url: str) -> 
 
 async def test_kill_mid_upload_leaves_no_visible_checkpoint(launcher, store_url: str) -> None:
     job, seed = f"kill-{uuid.uuid4().hex[:8]}", 23
-    # every chunk put waits 0.05 s, so an upload of ~40 chunks lasts about two seconds
-    primary, backup = _start_group(launcher, {"STALWART_TEST_CHECKPOINT_PUT_DELAY": "0.05"})
+    # every chunk put waits 0.2 s, so an upload lasts seconds: far longer than one
+    # listing of the store's chunks takes on a loaded machine (at 0.05 s a put, a
+    # listing on Ignite beside four busy processes once outlasted the whole upload)
+    primary, backup = _start_group(launcher, {"STALWART_TEST_CHECKPOINT_PUT_DELAY": "0.2"})
     client = group_client([primary.address, backup.address])
     store = await asyncio.to_thread(open_store, store_url)
     async with stubs() as stub_for:
