@@ -38,6 +38,14 @@ def _fmt(v: float) -> str:
     return f"{v:g}" if abs(v) >= 0.01 or v == 0 else f"{v:.1e}"
 
 
+def _opening(width: int, height: int, title: str) -> list[str]:
+    """A chart's ``<svg>`` tag and its bold centred title: the start of its parts."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+            f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" '
+            f'font-weight="bold">{escape(title)}</text>']  # fmt: skip
+
+
 def line_chart(
     points: Sequence[tuple[float, float]],
     *,
@@ -66,10 +74,7 @@ def line_chart(
     def sy(y: float) -> float:
         return top + ph - (y - y0) / (y1 - y0) * ph
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" '
-           f'font-weight="bold">{escape(title)}</text>',
+    out = [*_opening(width, height, title),
            f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fafafa" '
            f'stroke="#999"/>']  # fmt: skip
     for t in nice_ticks(x0, x1):
@@ -122,10 +127,7 @@ def timeline_chart(spans: Sequence[Span], width: int = 720) -> str:
     def sx(v: float) -> float:
         return left + v / x1 * pw
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" '
-           f'font-weight="bold">Recovery timeline (seconds after each kill -9)</text>']  # fmt: skip
+    out = _opening(width, height, "Recovery timeline (seconds after each kill -9)")
     for t in nice_ticks(0, x1):
         if t <= x1:
             out.append(f'<line x1="{sx(t):.1f}" y1="{top - 6}" x2="{sx(t):.1f}" '
@@ -169,10 +171,7 @@ def step_phases_chart(step_ms: dict[str, float], width: int = 560) -> str:
     def sx(v: float) -> float:
         return left + v / x1 * pw
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" '
-           f'font-weight="bold">Where a synchronous step goes (ms per observation)</text>']  # fmt: skip
+    out = _opening(width, height, "Where a synchronous step goes (ms per observation)")
     for i, (phase, ms) in enumerate(step_ms.items()):
         y = top + i * row
         role = phase.partition(".")[0]
