@@ -226,9 +226,12 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     )
                 await self.replicator.forward_chunk(forwards, message)
 
+            # nothing to forward to (a sync step's sum goes later, or no backup is in
+            # sync): no chunk message is rebuilt and no empty write awaited per chunk
             assembler = await _read_tensors(
-                request_iterator, header.tensors, self.limits, forward, header.packed
-            )
+                request_iterator, header.tensors, self.limits, forward if forwards else None,
+                header.packed,
+            )  # fmt: skip
             grads = assembler.finish()
             await _off_loop(check_finite, grads, nbytes=tensor_bytes(grads.values()))
         except BaseException:
