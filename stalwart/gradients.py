@@ -77,3 +77,35 @@ def combine_buffers(values: Sequence[torch.Tensor]) -> torch.Tensor:
     if len(values) > 1:
         total.div_(len(values))
     return total
+
+
+# --- gradients on the wire (JobSpec.gradient_dtype) ----------------------------------
+
+# the one narrowing there is: float32 gradients as bfloat16 (to nearest, ties to even)
+WIRE_NARROWING = {torch.float32: torch.bfloat16}
+
+
+def narrowed(grads: Mapping[str, torch.Tensor], wire_dtype: int) -> dict[str, torch.Tensor]:
+    """Parameter gradients as a slot pushes them under ``JobSpec.gradient_dtype``: with
+    DTYPE_BFLOAT16, every float32 one rounded to bfloat16; otherwise as they are."""
+    if wire_dtype != common.DTYPE_BFLOAT16:
+        return dict(grads)
+    return {n: g.to(WIRE_NARROWING.get(g.dtype, g.dtype)) for n, g in grads.items()}
+
+
+def accepts_on_wire(wire: torch.dtype, param: torch.dtype) -> bool:
+    """May the gradient of a ``param`` parameter arrive as ``wire``? Its own dtype, or
+    the one narrowing (a float32 parameter's gradient as bfloat16)."""
+    return wire == param or WIRE_NARROWING.get(param) == wire
+
+
+def widened(
+    grads: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype]
+) -> dict[str, torch.Tensor]:
+    """Each gradient in its parameter's dtype (``dtypes``): a bfloat16 one widened to
+    float32, which is exact; the others as they are (no copy). What the paramserver
+    sums, and :func:`stalwart.training.reference_run` with it."""
+    return {
+        name: g if g.dtype == dtypes.get(name, g.dtype) else g.to(dtypes[name])
+        for name, g in grads.items()
+    }

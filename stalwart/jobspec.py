@@ -20,6 +20,8 @@ BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
 MAX_MICRO_BATCHES = 64
 MAX_LOCAL_STEPS = 1024
 MAX_PATH = 4096
+# What JobSpec.gradient_dtype may say: the parameters' own dtypes, or bfloat16 on the wire
+GRADIENT_DTYPES = (common.DTYPE_UNSPECIFIED, common.DTYPE_BFLOAT16)
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _USER_MODEL = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}")
@@ -150,6 +152,9 @@ def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int)
         raise _bad(f"init_from must be a .safetensors path of at most {MAX_PATH} characters")
     if not 0 <= spec.duplicate_compute_rate <= 1:
         raise _bad(f"duplicate_compute_rate must be in [0, 1], got {spec.duplicate_compute_rate}")
+    if spec.gradient_dtype not in GRADIENT_DTYPES:
+        names = " or ".join(common.Dtype.Name(d) for d in GRADIENT_DTYPES)
+        raise _bad(f"gradient_dtype must be {names}, got {spec.gradient_dtype}")
 
 
 def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> None:

@@ -83,6 +83,7 @@ def compute_step(
         else:
             losses, examples = _accumulate(task, model, slot, step, spec)
             grads = _param_grads(model)
+        grads = gradients.narrowed(grads, spec.gradient_dtype)  # as they travel
         # the buffers' new values are pushed
         for name, b in model_buffers(model).items():
             grads[name] = b.detach().to("cpu", copy=True).contiguous()
@@ -253,7 +254,10 @@ def reference_run(
     for step in range(spec.steps if steps is None else steps):
         load_params(model, state)
         per_slot = [compute_gradients(task, model, k, step, spec) for k in range(spec.num_slots)]
-        summed = sum_in_slot_order([{n: g[n] for n in params} for g in per_slot])
+        # widened back to the parameters' dtypes, as the paramserver stages them
+        dtypes = {n: p.dtype for n, p in params.items()}
+        summed = sum_in_slot_order([gradients.widened({n: g[n] for n in params}, dtypes)
+                                    for g in per_slot])  # fmt: skip
         for name, p in params.items():
             p.grad = summed[name]
         gradients.prepare_step(optimizer, params, summed, len(per_slot), step, rule)

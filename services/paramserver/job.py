@@ -92,6 +92,7 @@ class JobModel:
         self.rules = rules_from(header)
         self.specs = {s.name: s for s in header.tensors}
         self.params = {name: tensors[name].detach().clone() for name in self.specs}
+        self.dtypes = {name: p.dtype for name, p in self.params.items()}
         # buffers live beside the parameters (pulled, replicated and checkpointed
         # alike) but the optimizer never sees them
         self.buffers = frozenset(header.buffer_names)
@@ -129,7 +130,7 @@ class JobModel:
                     ErrorKind.BAD_SHAPE,
                     f"gradient {spec.name} has shape {list(spec.shape)}, parameter has {list(own.shape)}",
                 )
-            if spec.dtype != own.dtype:
+            if spec.dtype != own.dtype and not _narrowed_on_wire(spec.dtype, own.dtype):
                 raise StalwartError(
                     ErrorKind.BAD_DTYPE,
                     f"gradient {spec.name} is {common.Dtype.Name(spec.dtype)}, "
@@ -159,7 +160,9 @@ class JobModel:
     # --- buffering and applying ------------------------------------------------
 
     def stage(self, step: int, slot: int, crc: int, grads: dict[str, torch.Tensor]) -> None:
-        self.pending[(step, slot)] = (crc, grads)
+        """Buffer one push, each gradient widened to its parameter's dtype (a float32
+        parameter's gradient may travel as bfloat16: JobSpec.gradient_dtype)."""
+        self.pending[(step, slot)] = (crc, gradients.widened(grads, self.dtypes))
 
     def ready_entries(self, step: int, slot: int) -> list[Entry] | None:
         """The entries to commit now, in slot order, or None if the step is incomplete."""
@@ -303,6 +306,14 @@ def combined_fingerprint(prints: Iterable[paramserver.TensorFingerprint]) -> int
     for p in prints:
         crc = google_crc32c.extend(crc, f"{p.name}:{p.kind}:{p.crc32c};".encode())
     return crc
+
+
+def _narrowed_on_wire(wire: int, param: int) -> bool:
+    """Is ``wire`` the one narrowing of ``param`` gradients may travel in (float32 as
+    bfloat16)? Unknown dtypes are not (the caller answers them)."""
+    if wire not in codec.DTYPES or param not in codec.DTYPES:
+        return False
+    return gradients.accepts_on_wire(codec.DTYPES[wire], codec.DTYPES[param])
 
 
 def check_finite(grads: Mapping[str, torch.Tensor]) -> None:

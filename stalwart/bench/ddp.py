@@ -194,17 +194,23 @@ def _median(rows: list[dict], key: str, digits: int = 3) -> float | None:
 def run(
     trials: int = 3, steps: int = 400, warmup: int = 20, kill_at: int = 150,
     runs_root: Path = cluster.DEFAULT_RUNS_ROOT, timeout_s: float = 900.0,
-    local: LocalSgd | None = None,
+    local: LocalSgd | None = None, bf16_gradients: bool = False,
 ) -> dict:  # fmt: skip
+    """``bf16_gradients``: the Stalwart side's gradients travel as bfloat16
+    (JobSpec.gradient_dtype; its own reference run rounds the same way); both
+    sides' held-out accuracy is reported, as their weights differ."""
     training.make_deterministic(1)
     spec = workload(steps)
     started = time.monotonic()
     if local is None:
-        ours, run_dir = _stalwart(spec, trials, warmup, kill_at, timeout_s, runs_root)
-        theirs = _ddp(spec, trials, warmup, kill_at, timeout_s)
+        ours_spec = _bf16(spec) if bf16_gradients else spec
+        ours, run_dir = _stalwart(ours_spec, trials, warmup, kill_at, timeout_s, runs_root,
+                                  accuracy=bf16_gradients)  # fmt: skip
+        theirs = _ddp(spec, trials, warmup, kill_at, timeout_s, accuracy=bf16_gradients)
     else:
         h = local.steps  # Stalwart's clock and kill count outer steps
-        ours, run_dir = _stalwart(local.spec(steps), trials, warmup // h, kill_at // h,
+        ours_spec = _bf16(local.spec(steps)) if bf16_gradients else local.spec(steps)
+        ours, run_dir = _stalwart(ours_spec, trials, warmup // h, kill_at // h,
                                   timeout_s, runs_root, accuracy=True)  # fmt: skip
         theirs = _ddp(spec, trials, warmup, kill_at, timeout_s, accuracy=True)
     s_rate, d_rate = _median(ours, "steps_per_s"), _median(theirs, "steps_per_s")
@@ -239,7 +245,24 @@ def run(
         "wall_s": round(time.monotonic() - started, 1),
         "run_dir": run_dir,
     }
+    if bf16_gradients:
+        result = _bf16_fields(result, ours, theirs)
     return result if local is None else _local_fields(result, local, ours, theirs)
+
+
+def _bf16(spec: coordinator.JobSpec) -> coordinator.JobSpec:
+    out = coordinator.JobSpec()
+    out.CopyFrom(spec)
+    out.gradient_dtype = common.DTYPE_BFLOAT16
+    return out
+
+
+def _bf16_fields(result: dict, ours: list[dict], theirs: list[dict]) -> dict:
+    """The result of a ``--bf16-gradients`` run: what travelled, and both accuracies."""
+    return {"workload": result.pop("workload") + "; Stalwart side: gradients as bfloat16",
+            "gradient_dtype": "bfloat16",
+            "stalwart_accuracy": _median(ours, "accuracy", 4),
+            "ddp_accuracy": _median(theirs, "accuracy", 4)} | result  # fmt: skip
 
 
 def _local_fields(result: dict, local: LocalSgd, ours: list[dict], theirs: list[dict]) -> dict:

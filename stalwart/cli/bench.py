@@ -136,12 +136,17 @@ def bench_ddp(
     outer_momentum: float = typer.Option(
         0.9, min=0.0, max=0.999, help="with --local-steps: outer Nesterov momentum; 0: none"
     ),
+    bf16_gradients: bool = typer.Option(
+        False, "--bf16-gradients",
+        help="Stalwart side's gradients travel as bfloat16 (JobSpec.gradient_dtype)",
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:  # fmt: skip
     """Steps/s, kill -9 recovery and bitwise checks: Stalwart's default local cluster vs
     torchrun + DDP (gloo) on the same job, in the same run; and Stalwart's step timeline.
-    With --local-steps, Stalwart runs local SGD / DiLoCo on the same batches and both
-    sides' held-out accuracy is reported."""
+    With --local-steps, Stalwart runs local SGD / DiLoCo on the same batches; with
+    --bf16-gradients its gradients travel as bfloat16; either way both sides' held-out
+    accuracy is reported."""
     from stalwart.bench import ddp  # torch import is slow: only when asked
 
     if not warmup < kill_at < steps:
@@ -151,7 +156,7 @@ def bench_ddp(
         local = ddp.LocalSgd(local_steps, local_lr, outer_lr, outer_momentum)
         _check_local(local, steps, warmup, kill_at)
     with _status("Stalwart cluster, then torchrun + DDP (minutes)…", output):
-        result = ddp.run(trials, steps, warmup, kill_at, local=local)
+        result = ddp.run(trials, steps, warmup, kill_at, local=local, bf16_gradients=bf16_gradients)
     emit_record(output, "Stalwart vs torchrun + DDP (same run)", result, _ddp_fields)
 
 
@@ -174,8 +179,9 @@ _LOCAL_RATES = ("local_steps", "stalwart_inner_steps_per_s", "stalwart_outer_ste
 
 def _ddp_fields(result: dict) -> dict:
     local = "local_steps" in result
+    accuracies = local or "gradient_dtype" in result
     keep = (*(_LOCAL_RATES if local else _DDP_RATES), "ratio", "goal",
-            *(("stalwart_accuracy", "ddp_accuracy") if local else ()),
+            *(("stalwart_accuracy", "ddp_accuracy") if accuracies else ()),
             "stalwart_kill_to_next_step_s", "ddp_kill_to_next_step_s",
             "stalwart_steps_repeated", "ddp_steps_repeated",
             "stalwart_bitwise_equal_to_fault_free", "ddp_bitwise_equal_to_fault_free",

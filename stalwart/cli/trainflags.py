@@ -1,7 +1,7 @@
 """``stalwart job submit`` flags for how gradients become updates, as one option group.
 
 Adam's betas and eps, the reduction, clipping, the learning-rate schedule,
-gradient accumulation, local SGD, the checkpoint and evaluation intervals and the weights to start from. Only the shape of the input
+gradient accumulation, local SGD, the gradients' dtype on the wire, the checkpoint and evaluation intervals and the weights to start from. Only the shape of the input
 is checked here; the coordinator validates the spec and answers
 INVALID_ARGUMENT with the field's name.
 """
@@ -30,6 +30,11 @@ class Reduction(enum.StrEnum):
     sum = "sum"
 
 
+class GradientDtype(enum.StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 _SCHEDULES = {
     "constant": common.LR_SCHEDULE_KIND_CONSTANT,
     "cosine": common.LR_SCHEDULE_KIND_COSINE,
@@ -37,6 +42,7 @@ _SCHEDULES = {
     "step": common.LR_SCHEDULE_KIND_STEP,
 }
 _REDUCTIONS = {"mean": common.GRAD_REDUCTION_MEAN, "sum": common.GRAD_REDUCTION_SUM}
+_GRADIENT_DTYPES = {"float32": common.DTYPE_UNSPECIFIED, "bfloat16": common.DTYPE_BFLOAT16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +87,9 @@ class TrainingFlags:
     local_lr: float | None = typer.Option(
         None, help="local SGD: the inner steps' learning rate (--lr is the outer optimizer's)"
     )
+    gradient_dtype: GradientDtype | None = typer.Option(
+        None, help="float32 gradients travel as bfloat16 (half the bytes) or as they are (default)"
+    )
     checkpoint_interval: int | None = typer.Option(None, help="checkpoint every N steps; 0: off")
     eval_every: int | None = typer.Option(
         None, help="evaluate the weights every N versions and at the end; 0: off"
@@ -109,6 +118,8 @@ class TrainingFlags:
         _set(spec, micro_batches=self.micro_batches, checkpoint_interval=self.checkpoint_interval,
              eval_every=self.eval_every, local_steps=self.local_steps,
              local_lr=self.local_lr)  # fmt: skip
+        if self.gradient_dtype is not None:
+            spec.gradient_dtype = _GRADIENT_DTYPES[self.gradient_dtype.value]
         if self.init_from is not None:
             # the trainers read the path themselves: make it absolute, and catch a
             # typo here rather than as a job whose trainers cannot start it
@@ -145,6 +156,8 @@ def describe_rule(spec: coordinator.JobSpec) -> str:
         parts.append(f"micro-batches={spec.micro_batches}")
     if spec.local_steps > 1:
         parts.append(f"local-steps={spec.local_steps} local-lr={spec.local_lr:g}")
+    if spec.gradient_dtype == common.DTYPE_BFLOAT16:
+        parts.append("gradients=bfloat16")
     if spec.eval_every:
         parts.append(f"eval-every={spec.eval_every}")
     return "".join(" " + p for p in parts)

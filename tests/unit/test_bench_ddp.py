@@ -115,3 +115,20 @@ def test_bench_ddp_refuses_local_settings_it_cannot_time(args, message):
     result = CliRunner().invoke(app, ["bench", "ddp", *args])
     assert result.exit_code == ExitCode.INVALID_INPUT, result.output
     assert result.output.startswith("Error:") and message in result.output
+
+
+def test_bf16_gradients_change_only_the_stalwart_sides_spec_and_name_it():
+    from stalwart.api import common
+    from stalwart.bench import ddp
+
+    plain = ddp.workload(40)
+    ours = ddp._bf16(plain)
+    assert ours.gradient_dtype == common.DTYPE_BFLOAT16
+    assert plain.gradient_dtype == common.DTYPE_UNSPECIFIED  # DDP's side as it was
+    ours.gradient_dtype = common.DTYPE_UNSPECIFIED
+    assert ours == plain
+    rows = [{"accuracy": a} for a in (0.9, 0.95, 0.93)]
+    got = ddp._bf16_fields({"workload": "w", "ratio": 0.7}, rows, [{"accuracy": 0.94}])
+    assert got == {"workload": "w; Stalwart side: gradients as bfloat16",
+                   "gradient_dtype": "bfloat16", "stalwart_accuracy": 0.93,
+                   "ddp_accuracy": 0.94, "ratio": 0.7}  # fmt: skip

@@ -35,6 +35,8 @@ def spec(**changes) -> coordinator.JobSpec:
         ({"duplicate_compute_rate": 1.5}, ErrorKind.INVALID_ARGUMENT, "duplicate_compute_rate"),
         ({"num_slots": 5000}, ErrorKind.LIMIT_EXCEEDED, "limit"),
         ({"dataset": "imagenet"}, ErrorKind.INVALID_ARGUMENT, "dataset"),
+        ({"gradient_dtype": common.DTYPE_FLOAT16}, ErrorKind.INVALID_ARGUMENT, "gradient_dtype"),
+        ({"gradient_dtype": 99}, ErrorKind.INVALID_ARGUMENT, "DTYPE_BFLOAT16"),
     ],
 )
 def test_bad_specs(changes, kind, words):
@@ -48,6 +50,10 @@ def test_good_specs(model):
     s = spec(model=model)
     jobspec.validate_job_spec(s, 1024, 10**9)
     assert s.consistency.mode == common.CONSISTENCY_MODE_SYNC  # the default filled in
+
+
+def test_bfloat16_gradients_on_the_wire_are_a_valid_choice():
+    jobspec.validate_job_spec(spec(gradient_dtype=common.DTYPE_BFLOAT16), 1024, 10**9)
 
 
 def test_pages_cover_everything_once_even_with_inserts():

@@ -46,3 +46,15 @@ def test_local_sgd_and_nesterov_flags_fill_the_spec_and_the_summary():
     TrainingFlags(**{**none, "local_steps": 8, "local_lr": 0.2, "nesterov": True}).apply(spec)
     assert (spec.local_steps, spec.local_lr, spec.optimizer.nesterov) == (8, 0.2, True)
     assert describe_rule(spec) == " nesterov local-steps=8 local-lr=0.2"
+
+
+def test_gradient_dtype_flag_fills_the_spec_and_the_summary():
+    from stalwart.cli.trainflags import GradientDtype, TrainingFlags, describe_rule
+
+    none = {f: None for f in TrainingFlags.__dataclass_fields__}
+    spec = build_spec("mlp", None, None, None, 0, None, None, 0.0, None, "sync", 0, 1, [])
+    TrainingFlags(**{**none, "gradient_dtype": GradientDtype.bfloat16}).apply(spec)
+    assert spec.gradient_dtype == common.DTYPE_BFLOAT16
+    assert describe_rule(spec) == " gradients=bfloat16"
+    TrainingFlags(**{**none, "gradient_dtype": GradientDtype.float32}).apply(spec)
+    assert spec.gradient_dtype == common.DTYPE_UNSPECIFIED and describe_rule(spec) == ""

@@ -10,7 +10,7 @@ import torch
 from services.paramserver import job as jobmod
 from services.paramserver.consistency import Mode, Verdict
 from services.paramserver.job import Entry, JobModel, check_finite, rules_from
-from stalwart import codec
+from stalwart import codec, gradients
 from stalwart.api import common
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -127,8 +127,9 @@ def test_check_grad_specs_accepts_matching_specs_and_subsets():
         (spec("scale", shape=(1,)), ErrorKind.BAD_SHAPE),
         (spec("fc.bias", shape=()), ErrorKind.BAD_SHAPE),
         (spec("fc.weight", dtype=common.DTYPE_FLOAT64), ErrorKind.BAD_DTYPE),
-        (spec("fc.weight", dtype=common.DTYPE_BFLOAT16), ErrorKind.BAD_DTYPE),
+        (spec("fc.weight", dtype=common.DTYPE_FLOAT16), ErrorKind.BAD_DTYPE),
         (spec("head.weight", dtype=common.DTYPE_FLOAT32, shape=(2, 4)), ErrorKind.BAD_DTYPE),
+        (spec("head.weight", dtype=common.DTYPE_BFLOAT16, shape=(2, 4)), ErrorKind.BAD_DTYPE),
     ],
     ids=[
         "unknown-name",
@@ -139,8 +140,9 @@ def test_check_grad_specs_accepts_matching_specs_and_subsets():
         "scalar-as-vector",
         "vector-as-scalar",
         "float64-for-float32",
-        "bfloat16-for-float32",
+        "float16-for-float32",
         "float32-for-float64",
+        "bfloat16-for-float64",
     ],
 )
 def test_check_grad_specs_rejects(bad, kind):
@@ -148,6 +150,29 @@ def test_check_grad_specs_rejects(bad, kind):
     got = kind_of(job.check_grad_specs, [spec("fc.bias", shape=(4,)), bad])
     assert got is kind
     assert got.code.name == "INVALID_ARGUMENT"
+
+
+def test_a_float32_parameters_gradient_may_travel_as_bfloat16():
+    """JobSpec.gradient_dtype: the one narrowing the paramserver accepts."""
+    make_job().check_grad_specs([spec("fc.weight", dtype=common.DTYPE_BFLOAT16)])
+
+
+def test_bfloat16_pushes_are_widened_and_applied_as_their_float32_values():
+    """Staged bfloat16 gradients become float32 (exactly), so a step of bfloat16 pushes
+    ends bitwise equal to the same step fed their widened values as float32."""
+    init = initial_params()
+    narrow = [gradients.narrowed(grads_for(init, 0, k), common.DTYPE_BFLOAT16)
+              for k in range(NUM_SLOTS)]  # fmt: skip
+    assert narrow[0]["fc.weight"].dtype == torch.bfloat16
+    assert narrow[0]["head.weight"].dtype == torch.float64  # only float32 narrows
+    wide = [{n: g.to(init[n].dtype) for n, g in push.items()} for push in narrow]
+    assert not torch.equal(wide[0]["fc.weight"], grads_for(init, 0, 0)["fc.weight"])
+    via_wire, as_float32 = make_job(), make_job()
+    sync_step(via_wire, 0, narrow)
+    assert via_wire.pending == {}
+    sync_step(as_float32, 0, wide)
+    assert_same_tensors(via_wire.params, as_float32.params)
+    assert all(p.dtype == init[n].dtype for n, p in via_wire.params.items())
 
 
 def test_check_slot():

@@ -152,8 +152,9 @@ def test_dropout_masks_are_a_function_of_seed_slot_and_step():
     assert not torch.equal(first["0.weight"], plain["0.weight"])
 
 
-def hand_rolled(spec, steps):
-    """The job as a DDP user writes it: mean of slot gradients, clip_grad_norm_, LambdaLR."""
+def hand_rolled(spec, steps, wire: torch.dtype | None = None):
+    """The job as a DDP user writes it: mean of slot gradients, clip_grad_norm_, LambdaLR;
+    with ``wire``, each slot's gradients rounded to that dtype and back before the sum."""
     task = models.resolve(spec)
     model = task.build_model(spec.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.optimizer.lr,
@@ -175,6 +176,8 @@ def hand_rolled(spec, steps):
                     x, y = task.batch(spec.seed, slot, step * micro + m, spec.batch_size)
                     (task.loss(model, x, y) / micro).backward()
             grads = [p.grad.clone() for p in model.parameters()]
+            if wire is not None:
+                grads = [g.to(wire).to(g.dtype) for g in grads]
             total = (
                 grads if total is None else [t.add_(g) for t, g in zip(total, grads, strict=True)]
             )
@@ -214,6 +217,35 @@ def test_reference_run_equals_a_ddp_style_loop_bitwise():
     initial = training.initial_params(models.resolve(spec), spec.seed)
     assert not any(torch.equal(ours[k], initial[k]) for k in ours)
     assert ours["1.num_batches_tracked"].item() == spec.steps * spec.micro_batches
+
+
+def test_bfloat16_gradients_reference_run_equals_the_loop_that_rounds_each_slots_gradient():
+    """JobSpec.gradient_dtype DTYPE_BFLOAT16: each slot's gradient rounded to bfloat16,
+    widened back, then everything as before (mean, clipping, schedule, buffers)."""
+    spec = everything_spec(gradient_dtype=common.DTYPE_BFLOAT16)
+    ours = training.reference_run(spec)
+    theirs = hand_rolled(spec, spec.steps, wire=torch.bfloat16)
+    assert sorted(ours) == sorted(theirs)
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+        assert ours[key].dtype == theirs[key].dtype, key
+    plain = training.reference_run(everything_spec())
+    assert not torch.equal(ours["0.weight"], plain["0.weight"])  # the rounding shows
+    assert torch.allclose(ours["0.weight"], plain["0.weight"], atol=1e-2)
+
+
+def test_bfloat16_gradients_are_pushed_as_bfloat16_and_buffers_as_they_are():
+    spec = everything_spec(gradient_dtype=common.DTYPE_BFLOAT16)
+    task = models.resolve(spec)
+    wide = training.compute_step(task, task.build_model(spec.seed), 1, 2, everything_spec())
+    result = training.compute_step(task, task.build_model(spec.seed), 1, 2, spec)
+    for name, grad in result.grads.items():
+        if name in result.buffers:
+            assert torch.equal(grad, wide.grads[name]), name
+        else:
+            assert grad.dtype == torch.bfloat16, name
+            assert torch.equal(grad, wide.grads[name].to(torch.bfloat16)), name
+    assert result.loss == wide.loss
 
 
 def test_buffers_are_pushed_and_the_model_keeps_its_own():
