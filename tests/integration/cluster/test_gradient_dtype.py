@@ -19,10 +19,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(42
 
 
 def bf16_spec(num_slots: int, seed: int) -> coordinator.JobSpec:
-    """Batch norm (buffers travel as float32 values) and momentum, 30 steps."""
+    """Batch norm (buffers travel as float32 values) and momentum. Enough steps that
+    the kill, keyed on the leader's step events, lands mid-job on a fast machine."""
     sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.05, momentum=0.9)
     return models.default_spec(
-        "digits-cnn", model_args={"width": "8"}, num_slots=num_slots, steps=30, batch_size=16,
+        "digits-cnn", model_args={"width": "8"}, num_slots=num_slots, steps=120, batch_size=16,
         seed=seed, optimizer=sgd, gradient_dtype=common.DTYPE_BFLOAT16,
     )  # fmt: skip
 
@@ -33,6 +34,7 @@ def test_bfloat16_job_bitwise_through_a_primary_kill(local, num_slots):
     out = asyncio.run(run_job(local, spec, kill="paramserver", at_step=8))
     assert out.job.state == coordinator.JOB_STATE_SUCCEEDED, out.job.reason
     assert out.version == spec.steps
+    assert 8 <= out.killed_at_step < spec.steps
     assert out.job.spec.gradient_dtype == common.DTYPE_BFLOAT16  # stored as submitted
     assert any(e.kind == "REPLICA_PROMOTED" for e in out.events), "no backup was promoted"
     want = reference(spec)
