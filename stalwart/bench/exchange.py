@@ -12,6 +12,10 @@ deterministic shard map, groups pushed and pulled in parallel).
 Baseline: ``torchrun --nproc-per-node 3`` over
 :mod:`stalwart.bench.allreduce_worker`, all_reduce of one float32 tensor of the
 same size. Figures are medians over ``repeats``.
+
+With ``bf16_gradients`` the slot clients push their gradients as bfloat16
+(``JobSpec.gradient_dtype``: half the bytes; the pull stays float32), against the
+same float32 all_reduce, which is what DDP runs without a compression hook.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from stalwart import gradients
 from stalwart.api import common
 from stalwart.bench.ps import make_model
 from stalwart.channel import open_channel
@@ -54,13 +59,13 @@ def _client(groups: list[list[str]]) -> ParamServerClient:
     return ParamServerClient([ShardGroupClient(a, open_channel) for a in groups])
 
 
-async def _steps(groups: list[list[str]], model, repeats: int) -> list[float]:
+async def _steps(groups: list[list[str]], model, repeats: int, wire: int) -> list[float]:
     clients = [_client(groups) for _ in range(SLOTS)]
     sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.01, momentum=0.9)
     sync = common.ConsistencySpec(mode=common.CONSISTENCY_MODE_SYNC)
     for c in clients:
         await c.register_model("exchange", model, sgd, sync, SLOTS)
-    grads = {n: torch.full_like(t, 1e-3) for n, t in model.items()}
+    grads = gradients.narrowed({n: torch.full_like(t, 1e-3) for n, t in model.items()}, wire)
     times = []
     try:
         for step in range(repeats + 1):
@@ -75,10 +80,12 @@ async def _steps(groups: list[list[str]], model, repeats: int) -> list[float]:
     return times
 
 
-def _through_stalwart(shard_groups: int, model, repeats: int, run_dir: Path) -> list[float]:
+def _through_stalwart(
+    shard_groups: int, model, repeats: int, run_dir: Path, wire: int
+) -> list[float]:
     procs, groups = _start_groups(shard_groups, run_dir)
     try:
-        return asyncio.run(_steps(groups, model, repeats))
+        return asyncio.run(_steps(groups, model, repeats, wire))
     finally:
         for p in procs:
             p.terminate()
@@ -99,15 +106,19 @@ def _ms(times: list[float]) -> float:
     return round(1000 * statistics.median(times), 1)
 
 
-def run(model_mib: int = 64, repeats: int = 5, shard_groups: int = 3) -> dict:
+def run(
+    model_mib: int = 64, repeats: int = 5, shard_groups: int = 3, bf16_gradients: bool = False
+) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="stalwart-bench-exchange-"))
     model = make_model(model_mib)
+    wire = common.DTYPE_BFLOAT16 if bf16_gradients else common.DTYPE_UNSPECIFIED
     reduce_ms = _ms(_allreduce(model_mib, repeats, run_dir))
-    one = _ms(_through_stalwart(1, model, repeats, run_dir))
-    many = _ms(_through_stalwart(shard_groups, model, repeats, run_dir))
+    one = _ms(_through_stalwart(1, model, repeats, run_dir, wire))
+    many = _ms(_through_stalwart(shard_groups, model, repeats, run_dir, wire))
     return {
         "model_bytes": sum(t.numel() * t.element_size() for t in model.values()),
         "trainers": SLOTS,
+        "gradient_dtype": "bfloat16" if bf16_gradients else "float32",
         "repeats": repeats,
         "gloo_allreduce_ms": reduce_ms,
         "push_pull_ms_1_group": one,

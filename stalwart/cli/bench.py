@@ -195,11 +195,14 @@ def bench_exchange(
     model_mib: int = typer.Option(64, min=4, help="float32 model size, MiB"),
     repeats: int = typer.Option(5, min=1, help="timed steps after one warm-up"),
     shard_groups: int = typer.Option(3, min=2, help="shard groups of the second measurement"),
+    bf16_gradients: bool = typer.Option(
+        False, "--bf16-gradients", help="push the gradients as bfloat16 (JobSpec.gradient_dtype)"
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """One sync step's push + pull with 3 trainers vs a gloo all_reduce over 3 processes."""
     from stalwart.bench import exchange  # torch import is slow: only when asked
 
     with _status("all_reduce, then paramservers…", output):
-        result = exchange.run(model_mib, repeats, shard_groups)
+        result = exchange.run(model_mib, repeats, shard_groups, bf16_gradients)
     emit_record(output, "sync exchange vs gloo all_reduce (same run)", result)
