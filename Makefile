@@ -81,6 +81,7 @@ $(BUF_STAMP):
 lint: $(STAMP) $(BUF_STAMP)
 	rc=0; \
 	$(BIN)/ruff check . || rc=1; \
+	$(BIN)/ruff format --check . || rc=1; \
 	(cd protos && ../$(BUF) lint) && echo "buf lint: clean" || rc=1; \
 	$(MAKE) --no-print-directory breaking || rc=1; \
 	if [ $$rc -eq 0 ]; then echo "lint: ruff and buf clean"; fi; \

@@ -47,8 +47,11 @@ def to_parquet(csv_path: str, out: str) -> None:
     with open(csv_path) as fh:
         names = fh.readline().strip().split(",")
     types = {n: (pa.string() if n in ("entity", "split") else pa.float64()) for n in names}
-    reader = pacsv.open_csv(csv_path, convert_options=pacsv.ConvertOptions(column_types=types),
-                            read_options=pacsv.ReadOptions(block_size=16 << 20))
+    reader = pacsv.open_csv(
+        csv_path,
+        convert_options=pacsv.ConvertOptions(column_types=types),
+        read_options=pacsv.ReadOptions(block_size=16 << 20),
+    )
     with pq.ParquetWriter(out, reader.schema) as writer:
         for batch in reader:
             writer.write_batch(batch, row_group_size=256 * 1024)
@@ -58,8 +61,10 @@ def read(path: str) -> None:
     t0 = time.time()
     ds = fleetcsv.load(path, fleetcsv.CsvOptions(profile="transceiver"))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{len(ds.train) + len(ds.test)} entities in {time.time() - t0:.0f} s, "
-          f"max RSS {rss:.0f} MiB")
+    print(
+        f"{len(ds.train) + len(ds.test)} entities in {time.time() - t0:.0f} s, "
+        f"max RSS {rss:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

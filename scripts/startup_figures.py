@@ -103,8 +103,13 @@ async def kill_and_replace(run_dir: Path, trainers: int) -> dict:
     return out
 
 
-RATIO_FIGURES = ("up_s", "kill_to_next_step_s", "kill_to_second_step_s",
-                 "replacement_serving_s", "replacement_registered_s")
+RATIO_FIGURES = (
+    "up_s",
+    "kill_to_next_step_s",
+    "kill_to_second_step_s",
+    "replacement_serving_s",
+    "replacement_registered_s",
+)
 
 
 def measure(preload: bool, trainers: int, runs_root: str) -> dict:

@@ -253,8 +253,14 @@ class LocalCluster:
         elif dead.role == "paramserver":
             spec = _paramserver_spec(new, dead.shard, [], self.coordinator_addresses, True)
         else:
-            spec = _trainer_spec(new, self.coordinator_addresses, True, self.config,
-                                 max(dead.local_index, 0), self.health_address)  # its GPU is free now
+            spec = _trainer_spec(
+                new,
+                self.coordinator_addresses,
+                True,
+                self.config,
+                max(dead.local_index, 0),
+                self.health_address,
+            )  # its GPU is free now
         member = self._start(spec)
         self.save()
         return member
@@ -332,9 +338,7 @@ class _Spec:
     local_index: int = -1
 
 
-def _coordinator_spec(
-    name: str, store_url: str, config: ClusterConfig, health: str = ""
-) -> _Spec:
+def _coordinator_spec(name: str, store_url: str, config: ClusterConfig, health: str = "") -> _Spec:
     args = ("--store-url", store_url)
     if config.spares:  # the primary keeps `backups` backups; the rest are spares
         args += ("--paramserver-backups", str(config.backups))
@@ -358,7 +362,11 @@ def _paramserver_spec(
 
 
 def _trainer_spec(
-    name: str, coordinators: list[str], standby: bool, config: ClusterConfig, index: int,
+    name: str,
+    coordinators: list[str],
+    standby: bool,
+    config: ClusterConfig,
+    index: int,
     health: str = "",
 ) -> _Spec:
     args = ["--coordinator", ",".join(coordinators), "--device", config.device,

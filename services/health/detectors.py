@@ -297,15 +297,23 @@ class Ensemble(Detector):
     name = "ensemble"
 
     def _fit(self, x):
-        self.members = [PCAReconstruction(seed=self.seed), IForest(seed=self.seed),
-                        Forecast(seed=self.seed)]
+        self.members = [
+            PCAReconstruction(seed=self.seed),
+            IForest(seed=self.seed),
+            Forecast(seed=self.seed),
+        ]
         for m in self.members:
             m._fit(x)
         self.scales = [_robust_scale(m.score(x)) for m in self.members]
 
     def _score(self, x):
-        return np.mean([(m.score(x) - med) / iqr
-                        for m, (med, iqr) in zip(self.members, self.scales, strict=True)], axis=0)
+        return np.mean(
+            [
+                (m.score(x) - med) / iqr
+                for m, (med, iqr) in zip(self.members, self.scales, strict=True)
+            ],
+            axis=0,
+        )
 
 
 ALL = {

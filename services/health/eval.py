@@ -32,8 +32,13 @@ from services.health import (
 )
 
 
-def load(name: str, machines: list[str] | None, seed: int, horizon: float | None,
-         csv_opts: dict | None = None):
+def load(
+    name: str,
+    machines: list[str] | None,
+    seed: int,
+    horizon: float | None,
+    csv_opts: dict | None = None,
+):
     if name == "smd":
         return datasets.load_smd(machines)
     if name == "asd":
@@ -48,8 +53,14 @@ def load(name: str, machines: list[str] | None, seed: int, horizon: float | None
     raise ValueError(f"unknown dataset {name!r}: smd, asd, cmapss, transceiver or csv:PATH")
 
 
-def run(name: str, machines=None, seed: int = 0, horizon: float | None = None,
-        holdout_machines: list[str] | None = None, csv_opts: dict | None = None) -> dict:
+def run(
+    name: str,
+    machines=None,
+    seed: int = 0,
+    horizon: float | None = None,
+    holdout_machines: list[str] | None = None,
+    csv_opts: dict | None = None,
+) -> dict:
     ds = load(name, machines, seed, horizon, csv_opts)
     if isinstance(ds, datasets.DetectionSet):
         return eval_detection.run(ds, seed, holdout_machines=holdout_machines)
@@ -58,8 +69,9 @@ def run(name: str, machines=None, seed: int = 0, horizon: float | None = None,
     return eval_prediction.run(ds, seed, release_raw=True)  # ds is not read after it
 
 
-def run_seeds(name: str, seed_list: list[int], horizon: float | None = None,
-              csv_opts: dict | None = None) -> dict:
+def run_seeds(
+    name: str, seed_list: list[int], horizon: float | None = None, csv_opts: dict | None = None
+) -> dict:
     """One prediction run per seed, then the comparison over seeds. A line per seed goes
     to stderr as it finishes, so a long sweep shows progress and leaves its figures."""
     per_seed = {}
@@ -69,9 +81,13 @@ def run_seeds(name: str, seed_list: list[int], horizon: float | None = None,
             raise ValueError(f"--seeds is for failure prediction; {name} is a detection set")
         per_seed[s] = r
         e = {m: r["methods"][m]["entity"] for m in r["methods"]}
-        print(f"seed {s}: " + ", ".join(
-            f"{m} F1 {v['f1']:.3f} FA {int(v['false_alarms'])}" for m, v in e.items()
-        ) + f" ({r['seconds']} s)", file=sys.stderr, flush=True)
+        print(
+            f"seed {s}: "
+            + ", ".join(f"{m} F1 {v['f1']:.3f} FA {int(v['false_alarms'])}" for m, v in e.items())
+            + f" ({r['seconds']} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     out = seeds.summarise(per_seed)
     out.update(dataset=name, task="prediction_seeds", per_seed=per_seed)
     return out
@@ -93,15 +109,22 @@ def _f(x) -> str:
 
 
 def _detection_table(r: dict) -> list[str]:
-    head = f"{'method':18s} {'P':>6s} {'R':>6s} {'F1':>6s} {'PA-F1':>6s} {'ev-rec':>6s} " \
-           f"{'delay':>6s} {'bestF1*':>7s}"
-    lines = [f"{r['dataset']}: mean over {len(r['machines'])} machines "
-             f"(threshold: {r['threshold_rule']})", head]
+    head = (
+        f"{'method':18s} {'P':>6s} {'R':>6s} {'F1':>6s} {'PA-F1':>6s} {'ev-rec':>6s} "
+        f"{'delay':>6s} {'bestF1*':>7s}"
+    )
+    lines = [
+        f"{r['dataset']}: mean over {len(r['machines'])} machines "
+        f"(threshold: {r['threshold_rule']})",
+        head,
+    ]
     for n, m in r["mean"].items():
         p, e = m["point"], m["event"]
-        lines.append(f"{n:18s} {_f(p['precision'])} {_f(p['recall'])} {_f(p['f1'])} "
-                     f"{_f(m['point_adjusted']['f1'])} {_f(e['event_recall'])} "
-                     f"{_f(e['mean_delay'])} {_f(m['best_f1_optimistic'])}")
+        lines.append(
+            f"{n:18s} {_f(p['precision'])} {_f(p['recall'])} {_f(p['f1'])} "
+            f"{_f(m['point_adjusted']['f1'])} {_f(e['event_recall'])} "
+            f"{_f(e['mean_delay'])} {_f(m['best_f1_optimistic'])}"
+        )
     lines.append("* best F1 over test thresholds: OPTIMISTIC (uses test labels), not a result")
     lines += _per_machine(r, 17)
     ref = r.get("reference_not_our_result")
@@ -111,73 +134,100 @@ def _detection_table(r: dict) -> list[str]:
 
 
 def _holdout_table(r: dict) -> list[str]:
-    lines = [f"{r['dataset']}: leave machines out, reported on {len(r['reported'])} machines, "
-             f"each with a choice tuned on the others",
-             f"rule: {r['selection_rule']}",
-             f"{'method':18s} {'P':>6s} {'R':>6s} {'F1':>6s} {'PA-P':>6s} {'PA-R':>6s} "
-             f"{'PA-F1':>6s} {'bestF1*':>7s}"]
+    lines = [
+        f"{r['dataset']}: leave machines out, reported on {len(r['reported'])} machines, "
+        f"each with a choice tuned on the others",
+        f"rule: {r['selection_rule']}",
+        f"{'method':18s} {'P':>6s} {'R':>6s} {'F1':>6s} {'PA-P':>6s} {'PA-R':>6s} "
+        f"{'PA-F1':>6s} {'bestF1*':>7s}",
+    ]
     for n, m in r["mean"].items():
         p, a = m["point"], m["point_adjusted"]
-        lines.append(f"{n:18s} {_f(p['precision'])} {_f(p['recall'])} {_f(p['f1'])} "
-                     f"{_f(a['precision'])} {_f(a['recall'])} {_f(a['f1'])} "
-                     f"{_f(m['best_f1_optimistic'])}")
-    lines.append("chosen per reported machine: "
-                 + ", ".join(f"{k} {v}" for k, v in r["chosen_as"].items()))
+        lines.append(
+            f"{n:18s} {_f(p['precision'])} {_f(p['recall'])} {_f(p['f1'])} "
+            f"{_f(a['precision'])} {_f(a['recall'])} {_f(a['f1'])} "
+            f"{_f(m['best_f1_optimistic'])}"
+        )
+    lines.append(
+        "chosen per reported machine: " + ", ".join(f"{k} {v}" for k, v in r["chosen_as"].items())
+    )
     g = r["goal_beats_pca"]
-    lines.append("goal (chosen beats PCA on raw F1 and on PA-F1): "
-                 + ("MET" if g["met"] else "NOT MET")
-                 + f" (raw {'yes' if g['raw_f1'] else 'no'}, PA {'yes' if g['pa_f1'] else 'no'})")
-    lines.append("other rows: each detector at the 0.99 level on the same machines; "
-                 "* bestF1 uses test labels: OPTIMISTIC, not a result")
+    lines.append(
+        "goal (chosen beats PCA on raw F1 and on PA-F1): "
+        + ("MET" if g["met"] else "NOT MET")
+        + f" (raw {'yes' if g['raw_f1'] else 'no'}, PA {'yes' if g['pa_f1'] else 'no'})"
+    )
+    lines.append(
+        "other rows: each detector at the 0.99 level on the same machines; "
+        "* bestF1 uses test labels: OPTIMISTIC, not a result"
+    )
     return lines + _per_machine(r, 15)
 
 
 def _per_machine(r: dict, width: int) -> list[str]:
     names = list(r["mean"])
-    lines = ["per machine, F1 / PA-F1:",
-             f"{'machine':14s} " + " ".join(f"{n[:width]:>{width}s}" for n in names)]
+    lines = [
+        "per machine, F1 / PA-F1:",
+        f"{'machine':14s} " + " ".join(f"{n[:width]:>{width}s}" for n in names),
+    ]
     for mach, res in r["per_machine"].items():
-        cells = [f"{res[n]['point']['f1']:.3f} / {res[n]['point_adjusted']['f1']:.3f}"
-                 for n in names]
+        cells = [
+            f"{res[n]['point']['f1']:.3f} / {res[n]['point_adjusted']['f1']:.3f}" for n in names
+        ]
         lines.append(f"{mach:14s} " + " ".join(f"{c:>{width}s}" for c in cells))
     return lines
 
 
 def _prediction_table(r: dict) -> list[str]:
     u = r["time_unit"]
-    lines = [f"{r['dataset']}: predict failure within {r['horizon']} {u}; entities "
-             f"fit/val/test {r['entities']['fit']}/{r['entities']['validation']}/"
-             f"{r['entities']['test']}; alarm = {r['persist']} consecutive windows",
-             f"{'method':27s} {'win-F1':>6s} {'ent-P':>6s} {'ent-R':>6s} {'ent-F1':>6s} "
-             f"{'lead':>6s} {'pre-R':>6s} {'pre-F1':>6s} {'sud-R':>6s}"]
+    lines = [
+        f"{r['dataset']}: predict failure within {r['horizon']} {u}; entities "
+        f"fit/val/test {r['entities']['fit']}/{r['entities']['validation']}/"
+        f"{r['entities']['test']}; alarm = {r['persist']} consecutive windows",
+        f"{'method':27s} {'win-F1':>6s} {'ent-P':>6s} {'ent-R':>6s} {'ent-F1':>6s} "
+        f"{'lead':>6s} {'pre-R':>6s} {'pre-F1':>6s} {'sud-R':>6s}",
+    ]
     for n, m in r["methods"].items():
         e = m["entity"]
         pre, sud = m.get("precursor_ge_2h", {}), m.get("sudden_death", {})
-        lines.append(f"{n:27s} {_f(m['window']['f1'])} {_f(e['precision'])} "
-                     f"{_f(e['recall'])} {_f(e['f1'])} {_f(e['mean_lead'])} "
-                     f"{_f(pre.get('recall'))} {_f(pre.get('f1'))} {_f(sud.get('recall'))}")
-    lines.append(f"lead = mean {u} from first alarm to failure over caught entities; "
-                 "pre = failures with >= 2 h of precursor (+ all healthy); sud = sudden deaths")
+        lines.append(
+            f"{n:27s} {_f(m['window']['f1'])} {_f(e['precision'])} "
+            f"{_f(e['recall'])} {_f(e['f1'])} {_f(e['mean_lead'])} "
+            f"{_f(pre.get('recall'))} {_f(pre.get('f1'))} {_f(sud.get('recall'))}"
+        )
+    lines.append(
+        f"lead = mean {u} from first alarm to failure over caught entities; "
+        "pre = failures with >= 2 h of precursor (+ all healthy); sud = sudden deaths"
+    )
     return lines
 
 
 def _seeds_table(r: dict) -> list[str]:
-    lines = [f"{r['dataset']}: module-level F1 over seeds {_span(r['seeds'])}",
-             f"{'method':27s} {'mean':>6s} {'std':>6s} {'min':>6s} {'max':>6s} {'FA':>5s}"]
+    lines = [
+        f"{r['dataset']}: module-level F1 over seeds {_span(r['seeds'])}",
+        f"{'method':27s} {'mean':>6s} {'std':>6s} {'min':>6s} {'max':>6s} {'FA':>5s}",
+    ]
     for n, m in r["methods"].items():
-        lines.append(f"{n:27s} {_f(m['f1_mean'])} {_f(m['f1_std'])} {_f(m['f1_min'])} "
-                     f"{_f(m['f1_max'])} {int(m['false_alarms']):5d}")
+        lines.append(
+            f"{n:27s} {_f(m['f1_mean'])} {_f(m['f1_std'])} {_f(m['f1_min'])} "
+            f"{_f(m['f1_max'])} {int(m['false_alarms']):5d}"
+        )
     c = r.get("student_vs_lstm")
     if c:
         g = c["goal"]
-        lines.append(f"student vs LSTM: {c['wins']} wins, {c['ties']} ties, {c['losses']} "
-                     f"losses; mean margin {c['mean_margin']:+.3f}; per seed "
-                     + " ".join(f"{d:+.3f}" for d in c["margin_per_seed"]))
-        lines.append(f"goal (wins >= {seeds.GOAL_WINS:.0%} of seeds, margin >= "
-                     f"{seeds.GOAL_MARGIN}, no more false alarms): "
-                     + ("MET" if g["met"] else "NOT MET") + " ("
-                     + ", ".join(f"{k} {'ok' if v else 'no'}" for k, v in g.items() if k != "met")
-                     + ")")
+        lines.append(
+            f"student vs LSTM: {c['wins']} wins, {c['ties']} ties, {c['losses']} "
+            f"losses; mean margin {c['mean_margin']:+.3f}; per seed "
+            + " ".join(f"{d:+.3f}" for d in c["margin_per_seed"])
+        )
+        lines.append(
+            f"goal (wins >= {seeds.GOAL_WINS:.0%} of seeds, margin >= "
+            f"{seeds.GOAL_MARGIN}, no more false alarms): "
+            + ("MET" if g["met"] else "NOT MET")
+            + " ("
+            + ", ".join(f"{k} {'ok' if v else 'no'}" for k, v in g.items() if k != "met")
+            + ")"
+        )
     lines.append("FA = false alarms (entities), summed over seeds")
     return lines
 
@@ -187,52 +237,85 @@ def _span(xs: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m services.health.eval",
-                                 description=__doc__, epilog=fleetcsv.SCHEMA,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m services.health.eval",
+        description=__doc__,
+        epilog=fleetcsv.SCHEMA,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--output", choices=["table", "json"], default="table")
     ap.add_argument("--machines", nargs="*", default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--holdout-machines", nargs="*", default=None, metavar="MACHINE",
-                    help="leave machines out: choose the detector and threshold level on the "
-                         "other machines, report on these; with no names, each machine in turn")
-    ap.add_argument("--seeds", default=None,
-                    help="prediction over several seeds, e.g. 0-9 or 3,5,7-8: mean, spread "
-                         "and the student's wins against the LSTM")
-    ap.add_argument("--horizon", type=float, default=None,
-                    help="prediction horizon in the data's time unit (cmapss: 30 cycles; "
-                         "csv: hours, default 24)")
-    ap.add_argument("--poll-interval", type=float, default=None, metavar="HOURS",
-                    help="csv: the declared poll interval; longer spacings are missed polls "
-                         "(default: the file's median spacing)")
-    ap.add_argument("--time-unit", default="h", choices=sorted(fleetcsv.TIME_UNITS),
-                    help="csv: unit of numeric times (h: hours; s or ms: epoch seconds or "
-                         "milliseconds); ISO 8601 times are always accepted")
-    ap.add_argument("--profile", choices=fleetcsv.PROFILES, default=None,
-                    help="csv: apply a tuned profile's settings (transceiver: lanes from "
-                         "NAME_<n> columns, 6 h windows, 6 h teacher shift)")
-    ap.add_argument("--no-progress", action="store_true",
-                    help="csv: no progress bar on stderr")
+    ap.add_argument(
+        "--holdout-machines",
+        nargs="*",
+        default=None,
+        metavar="MACHINE",
+        help="leave machines out: choose the detector and threshold level on the "
+        "other machines, report on these; with no names, each machine in turn",
+    )
+    ap.add_argument(
+        "--seeds",
+        default=None,
+        help="prediction over several seeds, e.g. 0-9 or 3,5,7-8: mean, spread "
+        "and the student's wins against the LSTM",
+    )
+    ap.add_argument(
+        "--horizon",
+        type=float,
+        default=None,
+        help="prediction horizon in the data's time unit (cmapss: 30 cycles; "
+        "csv: hours, default 24)",
+    )
+    ap.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        metavar="HOURS",
+        help="csv: the declared poll interval; longer spacings are missed polls "
+        "(default: the file's median spacing)",
+    )
+    ap.add_argument(
+        "--time-unit",
+        default="h",
+        choices=sorted(fleetcsv.TIME_UNITS),
+        help="csv: unit of numeric times (h: hours; s or ms: epoch seconds or "
+        "milliseconds); ISO 8601 times are always accepted",
+    )
+    ap.add_argument(
+        "--profile",
+        choices=fleetcsv.PROFILES,
+        default=None,
+        help="csv: apply a tuned profile's settings (transceiver: lanes from "
+        "NAME_<n> columns, 6 h windows, 6 h teacher shift)",
+    )
+    ap.add_argument("--no-progress", action="store_true", help="csv: no progress bar on stderr")
     a = ap.parse_args(argv)
-    csv_opts = {"poll_interval": a.poll_interval, "time_unit": a.time_unit,
-                "profile": a.profile, "progress": not a.no_progress}
+    csv_opts = {
+        "poll_interval": a.poll_interval,
+        "time_unit": a.time_unit,
+        "profile": a.profile,
+        "progress": not a.no_progress,
+    }
     torch.set_num_threads(1)  # the machine is shared: one core per evaluation
     try:
         if a.seeds is not None:
             r = _clean(run_seeds(a.dataset, seeds.parse_seeds(a.seeds), a.horizon, csv_opts))
         else:
-            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon, a.holdout_machines,
-                           csv_opts))
+            r = _clean(run(a.dataset, a.machines, a.seed, a.horizon, a.holdout_machines, csv_opts))
     except (datasets.DatasetMissing, ValueError) as e:
         print(f"Error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if a.output == "json":
         print(json.dumps(r))
         return 0
-    table = {"detection": _detection_table, "detection_holdout": _holdout_table,
-             "prediction": _prediction_table,
-             "prediction_seeds": _seeds_table}[r["task"]]
+    table = {
+        "detection": _detection_table,
+        "detection_holdout": _holdout_table,
+        "prediction": _prediction_table,
+        "prediction_seeds": _seeds_table,
+    }[r["task"]]
     print("\n".join(table(r)))
     if "seconds" in r:
         print(f"({r['seconds']} s)")

@@ -80,8 +80,12 @@ class _Progress:
             self.shown = pct
             bar = "#" * (pct // 4)
             end = "\r" if sys.stderr.isatty() and pct < 100 else "\n"
-            print(f"reading {self.done >> 20} MiB [{bar:25s}] {pct:3d}%", end=end,
-                  file=sys.stderr, flush=True)
+            print(
+                f"reading {self.done >> 20} MiB [{bar:25s}] {pct:3d}%",
+                end=end,
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def check_header(path: Path, names: list[str], where: str) -> list[str]:
@@ -89,11 +93,14 @@ def check_header(path: Path, names: list[str], where: str) -> list[str]:
     names the header in messages (a CSV's row 1, a Parquet file's schema)."""
     for col in ("entity", "timestamp"):
         if col not in names:
-            raise CsvError(f"{path}: {where}: missing column '{col}' (schema: "
-                           "stalwart health eval --help)")
+            raise CsvError(
+                f"{path}: {where}: missing column '{col}' (schema: stalwart health eval --help)"
+            )
     if ("label" in names) == ("failure_time" in names):
-        raise CsvError(f"{path}: {where}: need exactly one of the columns 'label' "
-                       "(detection) or 'failure_time' (prediction)")
+        raise CsvError(
+            f"{path}: {where}: need exactly one of the columns 'label' "
+            "(detection) or 'failure_time' (prediction)"
+        )
     dup = sorted({c for c in names if names.count(c) > 1})
     if dup:
         raise CsvError(f"{path}: {where}: column '{dup[0]}' appears twice")
@@ -120,8 +127,10 @@ class _FieldCount:
         self.error: CsvError | None = None
 
     def __call__(self, bad) -> str:
-        self.error = CsvError(f"{self.path}: row {bad.number}: {bad.actual_columns} fields, "
-                              f"the header has {self.fields}")
+        self.error = CsvError(
+            f"{self.path}: row {bad.number}: {bad.actual_columns} fields, "
+            f"the header has {self.fields}"
+        )
         return "error"
 
 
@@ -145,14 +154,14 @@ def _stream(path: Path, opts: CsvOptions):
             for batch in _batches(fh, header, fields):
                 rows = np.arange(row, row + batch.num_rows)
                 row += batch.num_rows
-                add_batch(ents, *_without_blank_lines(batch, rows), metrics, detection, unit,
-                          path)
+                add_batch(ents, *_without_blank_lines(batch, rows), metrics, detection, unit, path)
                 progress.advance(fh.tell() - progress.done)
         except pa.ArrowInvalid as exc:
             if fields.error is not None:
                 raise fields.error from None
-            raise CsvError(f"{path}: rows from row {row} on cannot be read "
-                           f"({_first_line(exc)})") from None
+            raise CsvError(
+                f"{path}: rows from row {row} on cannot be read ({_first_line(exc)})"
+            ) from None
     progress.advance(progress.total - progress.done)
     return metrics, ents, detection
 
@@ -164,12 +173,15 @@ def _batches(fh, header: list[str], fields: _FieldCount):
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    read = pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=BLOCK_BYTES,
-                             use_threads=False)
-    parse = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False,
-                               invalid_row_handler=fields)
-    text = pacsv.ConvertOptions(column_types={c: pa.string() for c in header},
-                                strings_can_be_null=False)
+    read = pacsv.ReadOptions(
+        column_names=header, skip_rows=1, block_size=BLOCK_BYTES, use_threads=False
+    )
+    parse = pacsv.ParseOptions(
+        newlines_in_values=True, ignore_empty_lines=False, invalid_row_handler=fields
+    )
+    text = pacsv.ConvertOptions(
+        column_types={c: pa.string() for c in header}, strings_can_be_null=False
+    )
     yield from pacsv.open_csv(fh, read_options=read, parse_options=parse, convert_options=text)
 
 
@@ -247,8 +259,9 @@ def _detection(name: str, metrics: list[str], ents: dict[str, EntityRows]) -> De
         _, x, y, tr = _blocks(e, len(metrics))
         is_train = tr == 1 if (tr >= 0).any() else np.arange(len(x)) < len(x) // 2
         if not is_train.any() or is_train.all():
-            raise CsvError(f"{name}: entity '{ent}' has no "
-                           f"{'test' if is_train.all() else 'train'} rows")
+            raise CsvError(
+                f"{name}: entity '{ent}' has no {'test' if is_train.all() else 'train'} rows"
+            )
         # Detectors train unlabelled, so missing values are filled from the column
         # median of the training part (forward-fill would need an order-aware model).
         med = np.nan_to_num(np.nanmedian(x[is_train], axis=0))
@@ -261,9 +274,11 @@ def _entity_split(p: Path, ent: str, e: EntityRows) -> str | None:
     given = {s: r for s, r in e.split_row.items() if s >= 0}
     if len(given) > 1 or (given and -1 in e.split_row):
         rows = sorted(e.split_row.values())
-        raise CsvError(f"{p}: row {rows[1]}, column 'split': entity '{ent}' is in more than "
-                       f"one split (rows {rows[0]} and {rows[1]}); a module is either "
-                       "trained on or tested on")
+        raise CsvError(
+            f"{p}: row {rows[1]}, column 'split': entity '{ent}' is in more than "
+            f"one split (rows {rows[0]} and {rows[1]}); a module is either "
+            "trained on or tested on"
+        )
     return {1: "train", 0: "test"}.get(next(iter(given), -1))
 
 
@@ -273,8 +288,9 @@ def _lanes(metrics: list[str]) -> list[list[str]]:
         hit = _LANE.match(m)
         if hit:
             groups.setdefault(hit.group(1), []).append(m)
-    return [sorted(g, key=lambda c: int(_LANE.match(c).group(2)))
-            for g in groups.values() if len(g) > 1]
+    return [
+        sorted(g, key=lambda c: int(_LANE.match(c).group(2))) for g in groups.values() if len(g) > 1
+    ]
 
 
 def _median_spacing(ents: dict[str, EntityRows]) -> float:
@@ -309,9 +325,12 @@ def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions)
         notes["counters"] += [m for m in NOTES["counters"] if m in metrics]
         notes.update(profile="transceiver", lanes=_lanes(metrics))
     return PredictionSet(
-        name=f"csv:{p.name}", channels=metrics,
+        name=f"csv:{p.name}",
+        channels=metrics,
         train=[e for e in out if split[e.name] == "train"],
         test=[e for e in out if split[e.name] == "test"],
-        horizon=opts.horizon, time_unit="hours", step=step, notes=notes,
+        horizon=opts.horizon,
+        time_unit="hours",
+        step=step,
+        notes=notes,
     )
-

@@ -92,8 +92,12 @@ def best_f1(y_true, scores) -> dict[str, float]:
     if not f1.size:
         return {"precision": 0.0, "recall": 0.0, "f1": 0.0, "threshold": float("nan")}
     i = int(np.argmax(f1))
-    return {"precision": float(precision[i]), "recall": float(recall[i]),
-            "f1": float(f1[i]), "threshold": float(s_sorted[last[i]])}
+    return {
+        "precision": float(precision[i]),
+        "recall": float(recall[i]),
+        "f1": float(f1[i]),
+        "threshold": float(s_sorted[last[i]]),
+    }
 
 
 def lead_times(alert_time, failure_time) -> dict[str, float]:
@@ -163,8 +167,11 @@ def entity_prediction(y_true, alarm, entity, t, failure_time) -> dict[str, float
     recall = tp / (tp + fn) if tp + fn else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {
-        "precision": precision, "recall": recall, "f1": f1,
-        "positives": float(tp + fn), "false_alarms": float(fp),
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "positives": float(tp + fn),
+        "false_alarms": float(fp),
         "mean_lead": float(leads.mean()) if leads.size else float("nan"),
         "min_lead": float(leads.min()) if leads.size else float("nan"),
     }

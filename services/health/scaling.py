@@ -42,8 +42,9 @@ class RobustScaler:
         res = np.array([resolution(x[:, c]) for c in range(x.shape[1])])
         self.constant = ~(span > 0)  # NaN-only columns count as constant too
         # With nothing but constant metrics, keep them all (their inputs are then 0).
-        self.keep = np.flatnonzero(~self.constant) if not self.constant.all() else np.arange(
-            x.shape[1])
+        self.keep = (
+            np.flatnonzero(~self.constant) if not self.constant.all() else np.arange(x.shape[1])
+        )
         floor = np.maximum(res, self.range_floor * np.nan_to_num(span))
         self.centre = np.nan_to_num(med)
         fixed = 1e-6 + 1e-3 * np.abs(self.centre)

@@ -46,9 +46,12 @@ def summarise(per_seed: dict[int, dict]) -> dict:
         f1 = np.array([per_seed[s]["methods"][m]["entity"]["f1"] for s in seeds])
         fa = [per_seed[s]["methods"][m]["entity"]["false_alarms"] for s in seeds]
         out["methods"][m] = {
-            "f1_mean": float(f1.mean()), "f1_std": float(f1.std(ddof=1)) if len(f1) > 1 else 0.0,
-            "f1_min": float(f1.min()), "f1_max": float(f1.max()),
-            "false_alarms": float(sum(fa)), "f1_per_seed": [float(v) for v in f1],
+            "f1_mean": float(f1.mean()),
+            "f1_std": float(f1.std(ddof=1)) if len(f1) > 1 else 0.0,
+            "f1_min": float(f1.min()),
+            "f1_max": float(f1.max()),
+            "false_alarms": float(sum(fa)),
+            "f1_per_seed": [float(v) for v in f1],
         }
     if STUDENT in out["methods"] and LSTM in out["methods"]:
         out["student_vs_lstm"] = _compare(out["methods"][STUDENT], out["methods"][LSTM])
@@ -65,7 +68,10 @@ def _compare(st: dict, ls: dict) -> dict:
         "false_alarms": st["false_alarms"] <= ls["false_alarms"],
     }
     return {
-        "wins": wins, "ties": ties, "losses": len(diff) - wins - ties,
-        "mean_margin": margin, "margin_per_seed": [float(d) for d in diff],
+        "wins": wins,
+        "ties": ties,
+        "losses": len(diff) - wins - ties,
+        "mean_margin": margin,
+        "margin_per_seed": [float(d) for d in diff],
         "goal": {**goal, "met": all(goal.values())},
     }

@@ -114,8 +114,11 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
     async def _fit(self, samples) -> None:
         try:
             await asyncio.to_thread(self.fleet.forest.fit, samples)
-            log.info("anomaly detector fitted", features=self.fleet.forest.features,
-                     fits=self.fleet.forest.fits)
+            log.info(
+                "anomaly detector fitted",
+                features=self.fleet.forest.features,
+                fits=self.fleet.forest.fits,
+            )
         finally:
             self._fitting = False
 

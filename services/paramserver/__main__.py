@@ -48,9 +48,14 @@ def build(settings: ParamServerSettings) -> ParamServer:
     )
     return ParamServer(
         replica=replica,
-        replicator=Replicator(replica, stub_for, settings.min_insync, settings.chunk_bytes,
-                              settings.backup_ack_seconds,
-                              use_streams=not settings.unary_replication),
+        replicator=Replicator(
+            replica,
+            stub_for,
+            settings.min_insync,
+            settings.chunk_bytes,
+            settings.backup_ack_seconds,
+            use_streams=not settings.unary_replication,
+        ),
         node_id=settings.node_id,
         shard=settings.shard,
         limits=limits,

@@ -43,8 +43,6 @@ CHECK_ERRORS = {
 }
 
 
-
-
 @dataclass
 class JobRuntime:
     """A job's model plus what serialises access to it and who waits on it."""

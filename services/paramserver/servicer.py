@@ -191,7 +191,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     async def Push(self, request_iterator, context):
         job, header, response = await self._push(request_iterator, context)
         if header.answer_parameters_bytes:
-            limit = min(header.answer_parameters_bytes, self.chunk_bytes + codec.PUSH_ANSWER_SLACK_BYTES)
+            limit = min(
+                header.answer_parameters_bytes, self.chunk_bytes + codec.PUSH_ANSWER_SLACK_BYTES
+            )
             return await phases.timed(
                 "answer", self._with_parameters(job, header.base_version, limit, response)
             )
@@ -576,7 +578,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         async with job.lock:
             if header.summed:
                 keys = [(p.step, p.slot) for p in header.summed]
-                job.model.stage_sum(push.base_version, keys, Reduced.split(tensors, job.model.buffers))
+                job.model.stage_sum(
+                    push.base_version, keys, Reduced.split(tensors, job.model.buffers)
+                )
                 for summed in header.summed:
                     self.histories.on_push(summed)
             else:

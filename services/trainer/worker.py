@@ -343,9 +343,7 @@ class Worker:
             # holds it until the step commits and streams it at once, so no round trip
             # follows the ack. Not sooner: it must not load new weights under a computation.
             if not carry:
-                prefetch = asyncio.ensure_future(
-                    self._pull_consistent(job, step + 1, timed=False)
-                )
+                prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
             pushing = time.perf_counter()
             pushed = await self._pushed(job, slots, pushes)
         finally:

@@ -147,7 +147,9 @@ def _stalwart(
     accuracy: bool = False,
 ):  # fmt: skip
     reference = training.reference_run(spec)
-    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=1, runs_root=runs_root, launcher=True))
+    local = cluster.start(
+        cluster.ClusterConfig(trainers=3, standbys=1, runs_root=runs_root, launcher=True)
+    )
     rows = []
     try:
         asyncio.run(cluster.wait_healthy(local, 180))

@@ -81,7 +81,9 @@ def run(
     training.make_deterministic(1)  # the trainer's setting: one intra-op thread
     spec = mlp_spec(steps, batch_size, hidden)
     plain = plain_loop(spec, warmup)
-    local = cluster.start(cluster.ClusterConfig(trainers=1, standbys=0, runs_root=runs_root, launcher=True))
+    local = cluster.start(
+        cluster.ClusterConfig(trainers=1, standbys=0, runs_root=runs_root, launcher=True)
+    )
     try:
         asyncio.run(cluster.wait_healthy(local, 120))
         ours = asyncio.run(through_stalwart(local, spec, warmup, timeout_s))

@@ -60,8 +60,9 @@ def up(
         "auto", help="trainers' device: auto (one GPU each, else CPU), cpu, cuda or cuda:N"
     ),
     preload: bool = typer.Option(
-        True, help="fork every service from one detached launcher that imported torch once"
-        " (stopped by down); --no-preload: a fresh interpreter per service"
+        True,
+        help="fork every service from one detached launcher that imported torch once"
+        " (stopped by down); --no-preload: a fresh interpreter per service",
     ),
     output: Output = OUTPUT_OPTION,
 ) -> None:

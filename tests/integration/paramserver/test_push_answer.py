@@ -147,4 +147,3 @@ async def test_two_shard_groups_answer_their_own_parts(shared_groups) -> None:
         assert client.carried(partial) is None
     finally:
         await client.close()
-

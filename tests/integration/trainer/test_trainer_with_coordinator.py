@@ -93,8 +93,12 @@ async def test_a_step_needs_no_pull_call_and_stays_bitwise(cluster_procs):
         job = await client.create_job(spec, job_id="job-no-pull")
         done = await wait_job_done(client, job.job_id, 180)
         assert done.state == coordinator.JOB_STATE_SUCCEEDED, done.reason
-    pulls = await asyncio.to_thread(metric, primary, "grpc_server_started_total", grpc_method="Pull")
-    pushes = await asyncio.to_thread(metric, primary, "grpc_server_started_total", grpc_method="Push")
+    pulls = await asyncio.to_thread(
+        metric, primary, "grpc_server_started_total", grpc_method="Pull"
+    )
+    pushes = await asyncio.to_thread(
+        metric, primary, "grpc_server_started_total", grpc_method="Push"
+    )
     assert pushes >= 2 * spec.steps
     assert pulls <= 3 * 2, f"{pulls} pulls for {spec.steps} steps"
     version, got = await final_weights([primary.address, backup.address], job.job_id, spec)

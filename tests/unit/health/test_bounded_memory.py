@@ -14,15 +14,22 @@ from services.health.windows import clean, make_windows
 
 def _fleet(n_train=30, n_test=12):
     return PredictionSet(
-        "transceiver", list(transceiver.CHANNELS),
-        transceiver.generate(n_train, 21, prefix="a"), transceiver.generate(n_test, 22, prefix="b"),
-        transceiver.HORIZON_H, "hours", transceiver.STEP_H, dict(transceiver.NOTES),
+        "transceiver",
+        list(transceiver.CHANNELS),
+        transceiver.generate(n_train, 21, prefix="a"),
+        transceiver.generate(n_test, 22, prefix="b"),
+        transceiver.HORIZON_H,
+        "hours",
+        transceiver.STEP_H,
+        dict(transceiver.NOTES),
     )
 
 
 def test_windows_take_their_rows_from_a_generator_one_entity_at_a_time():
-    ents = [datasets.Entity(f"e{k}", np.arange(8.0 + k), np.full((8 + k, 2), k, np.float32))
-            for k in range(3)]
+    ents = [
+        datasets.Entity(f"e{k}", np.arange(8.0 + k), np.full((8 + k, 2), k, np.float32))
+        for k in range(3)
+    ]
     pulled = []
 
     def one_at_a_time():
@@ -67,8 +74,13 @@ def test_baselines_score_in_runs_exactly_as_at_once(monkeypatch):
         at_once = det.score(val.summary())
         in_runs = eval_prediction._score_parts(det, val)
         with monkeypatch.context() as m:  # runs of 97 windows, the last one shorter
-            m.setattr(type(val), "parts", lambda self: (
-                np.arange(s, min(s + 97, len(self.end))) for s in range(0, len(self.end), 97)))
+            m.setattr(
+                type(val),
+                "parts",
+                lambda self: (
+                    np.arange(s, min(s + 97, len(self.end))) for s in range(0, len(self.end), 97)
+                ),
+            )
             in_small_runs = eval_prediction._score_parts(det, val)
         assert len(at_once) == len(val.end) > 97 * 3
         assert np.array_equal(in_runs, at_once)

@@ -111,7 +111,9 @@ def test_csv_detection_and_prediction(tmp_path):
 
     pred = tmp_path / "pred.csv"
     rows = ["entity,timestamp,temp,errors_total,failure_time"]
-    rows += [f"m{k},{i},{40 + i},{3 * i},{'' if k % 2 else 12}" for k in range(4) for i in range(15)]
+    rows += [
+        f"m{k},{i},{40 + i},{3 * i},{'' if k % 2 else 12}" for k in range(4) for i in range(15)
+    ]
     pred.write_text("\n".join(rows) + "\n")
     ps = datasets.load_csv(str(pred), horizon=5.0, seed=1)
     ents = ps.train + ps.test

@@ -149,7 +149,7 @@ def test_forecast_autoencoder_is_the_mean_of_two_standardised_parts(smd_slice):
 def test_threshold_comes_from_held_out_training_scores(smd_slice):
     train, _, _ = smd_slice
     det = detectors.PCAReconstruction(seed=0).fit(train)
-    held_out = train[int(len(train) * 0.8):]
+    held_out = train[int(len(train) * 0.8) :]
     assert det.threshold == pytest.approx(np.quantile(det.score(held_out), 0.99))
 
 

@@ -11,9 +11,14 @@ from services.health.datasets import PredictionSet
 @pytest.fixture(scope="module")
 def small_fleet():
     return PredictionSet(
-        "transceiver", list(transceiver.CHANNELS),
-        transceiver.generate(100, 11, prefix="a"), transceiver.generate(50, 12, prefix="b"),
-        transceiver.HORIZON_H, "hours", transceiver.STEP_H, transceiver.NOTES,
+        "transceiver",
+        list(transceiver.CHANNELS),
+        transceiver.generate(100, 11, prefix="a"),
+        transceiver.generate(50, 12, prefix="b"),
+        transceiver.HORIZON_H,
+        "hours",
+        transceiver.STEP_H,
+        transceiver.NOTES,
     )
 
 
@@ -21,8 +26,9 @@ def small_fleet():
 def result(small_fleet, monkeypatch_module):
     monkeypatch_module.setitem(eval_prediction.SETTINGS["transceiver"], "stride", 4)
     torch.set_num_threads(1)
-    return eval_prediction.run(small_fleet, 0, fgl.TrainConfig(epochs=4),
-                               methods=["fgl_student", "lstm", "threshold_rule"])
+    return eval_prediction.run(
+        small_fleet, 0, fgl.TrainConfig(epochs=4), methods=["fgl_student", "lstm", "threshold_rule"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +99,14 @@ def test_the_same_seed_trains_the_same_networks():
     # windows, the batch order and the initial weights all follow the seed.
     def once():
         ds = PredictionSet(
-            "transceiver", list(transceiver.CHANNELS),
-            transceiver.generate(16, 21, prefix="a"), transceiver.generate(6, 22, prefix="b"),
-            transceiver.HORIZON_H, "hours", transceiver.STEP_H, transceiver.NOTES,
+            "transceiver",
+            list(transceiver.CHANNELS),
+            transceiver.generate(16, 21, prefix="a"),
+            transceiver.generate(6, 22, prefix="b"),
+            transceiver.HORIZON_H,
+            "hours",
+            transceiver.STEP_H,
+            transceiver.NOTES,
         )
         (fit, _), (val, _), _ = eval_prediction._build(ds, 3)
         idx = np.arange(0, len(fit.end), 16)

@@ -38,11 +38,19 @@ PRED = "entity,timestamp,temp,failure_time"
         ([PRED, "m1,0,40,", "m1,yesterday,41,"], "row 3, column 'timestamp': 'yesterday'"),
         ([PRED, "m1,0,40,soon"], "row 2, column 'failure_time': 'soon'"),
         ([PRED, "m1,0,40,9", "m1,1,40,10"], "row 3, column 'failure_time': '10' differs"),
-        ([PRED, "m1,0,40", ], "row 2: 3 fields, the header has 4"),
+        (
+            [
+                PRED,
+                "m1,0,40",
+            ],
+            "row 2: 3 fields, the header has 4",
+        ),
         ([PRED, ",0,40,"], "row 2, column 'entity': empty"),
         (["entity,timestamp,temp,label", "m1,0,40,2"], "row 2, column 'label': '2' is not 0 or 1"),
-        ([PRED + ",split", "m1,0,40,,train", "m1,1,40,,test"],
-         "row 3, column 'split': entity 'm1' is in more than one split (rows 2 and 3)"),
+        (
+            [PRED + ",split", "m1,0,40,,train", "m1,1,40,,test"],
+            "row 3, column 'split': entity 'm1' is in more than one split (rows 2 and 3)",
+        ),
         ([PRED + ",split", "m1,0,40,,train", "m1,1,40,,later"], "row 3, column 'split': 'later'"),
         ([PRED + ",split", "m1,0,40,,train", "m2,1,40,,"], "given for some entities and not"),
         ([PRED], "no data rows"),
@@ -59,15 +67,32 @@ def test_missing_file_and_bad_options(tmp_path, capsys):
 
 
 def test_iso_and_epoch_times_everywhere(tmp_path):
-    iso = _write(tmp_path, [PRED, "m1,2026-01-01T00:00:00Z,40,2026-01-01T03:00:00+00:00",
-                            "m1,2026-01-01T01:00:00,41,2026-01-01T03:00:00Z",
-                            "m2,2026-01-01T00:00:00Z,40,", "m2,2026-01-01T02:00:00Z,40,"],
-                 "iso.csv")
-    epoch = _write(tmp_path, [PRED, "m1,1767225600,40,1767236400", "m1,1767229200,41,1767236400",
-                              "m2,1767225600,40,", "m2,1767232800,40,"], "epoch.csv")
+    iso = _write(
+        tmp_path,
+        [
+            PRED,
+            "m1,2026-01-01T00:00:00Z,40,2026-01-01T03:00:00+00:00",
+            "m1,2026-01-01T01:00:00,41,2026-01-01T03:00:00Z",
+            "m2,2026-01-01T00:00:00Z,40,",
+            "m2,2026-01-01T02:00:00Z,40,",
+        ],
+        "iso.csv",
+    )
+    epoch = _write(
+        tmp_path,
+        [
+            PRED,
+            "m1,1767225600,40,1767236400",
+            "m1,1767229200,41,1767236400",
+            "m2,1767225600,40,",
+            "m2,1767232800,40,",
+        ],
+        "epoch.csv",
+    )
     a = fleetcsv.load(str(iso), fleetcsv.CsvOptions(poll_interval=1.0, progress=False))
-    b = fleetcsv.load(str(epoch), fleetcsv.CsvOptions(poll_interval=1.0, time_unit="s",
-                                                      progress=False))
+    b = fleetcsv.load(
+        str(epoch), fleetcsv.CsvOptions(poll_interval=1.0, time_unit="s", progress=False)
+    )
     for ds in (a, b):
         ents = {e.name: e for e in ds.train + ds.test}
         assert ents["m1"].failure_time - ents["m1"].t[0] == 3.0
@@ -77,13 +102,18 @@ def test_iso_and_epoch_times_everywhere(tmp_path):
 
 
 def test_split_column_and_detection_rows(tmp_path):
-    p = _write(tmp_path, [PRED + ",split", "m1,0,40,,train", "m1,1,40,,train",
-                          "m2,0,40,5,test", "m2,1,41,5,test"])
+    p = _write(
+        tmp_path,
+        [PRED + ",split", "m1,0,40,,train", "m1,1,40,,train", "m2,0,40,5,test", "m2,1,41,5,test"],
+    )
     ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(progress=False))
     assert [e.name for e in ds.train] == ["m1"] and [e.name for e in ds.test] == ["m2"]
-    det = _write(tmp_path, ["entity,timestamp,cpu,label,split"]
-                 + [f"n1,{i},{i % 3},{int(i == 4)},{'train' if i < 3 else 'test'}"
-                    for i in range(6)], "det.csv")
+    det = _write(
+        tmp_path,
+        ["entity,timestamp,cpu,label,split"]
+        + [f"n1,{i},{i % 3},{int(i == 4)},{'train' if i < 3 else 'test'}" for i in range(6)],
+        "det.csv",
+    )
     (m,) = fleetcsv.load(str(det), fleetcsv.CsvOptions(progress=False)).machines
     assert m.train.shape == (3, 1) and m.labels.tolist() == [0, 1, 0]
 
@@ -104,7 +134,9 @@ def test_counter_resets_cumulative_and_delta():
 
 
 def test_transceiver_profile_and_counter_kinds(tmp_path):
-    head = "entity,timestamp,rx_dbm_0,rx_dbm_1,temp_c,fec_corrected,flaps_total,err_delta,failure_time"
+    head = (
+        "entity,timestamp,rx_dbm_0,rx_dbm_1,temp_c,fec_corrected,flaps_total,err_delta,failure_time"
+    )
     p = _write(tmp_path, [head, "m1,0,-3,-3,40,10,0,1,", "m1,0.25,-3,-3,40,20,0,2,"])
     ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(profile="transceiver", progress=False))
     assert ds.notes["lanes"] == [["rx_dbm_0", "rx_dbm_1"]]
@@ -139,11 +171,11 @@ def test_csv_detection_runs_leave_machines_out_end_to_end(tmp_path, capsys):
     for k in range(3):
         x = rng.normal(0, 1, (300, 2))
         x[250:260] += 8.0  # one anomaly in each test half
-        lines += [f"n{k},{i},{x[i, 0]:.4f},{x[i, 1]:.4f},{int(250 <= i < 260)}"
-                  for i in range(300)]
+        lines += [f"n{k},{i},{x[i, 0]:.4f},{x[i, 1]:.4f},{int(250 <= i < 260)}" for i in range(300)]
     p = _write(tmp_path, lines)
-    rc = health_eval.main(["--dataset", f"csv:{p}", "--holdout-machines", "--output", "json",
-                           "--no-progress"])
+    rc = health_eval.main(
+        ["--dataset", f"csv:{p}", "--holdout-machines", "--output", "json", "--no-progress"]
+    )
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["task"] == "detection_holdout"
     assert r["reported"] == ["n0", "n1", "n2"]
@@ -153,8 +185,10 @@ def test_csv_detection_runs_leave_machines_out_end_to_end(tmp_path, capsys):
 
 
 def test_small_blocks_read_as_one_block_does(tmp_path, monkeypatch):
-    lines = [PRED + ",split"] + [f"m{i % 4},{i // 4},{40 + i % 7},{'' if i % 4 else 99},"
-                                 f"{'test' if i % 4 == 3 else 'train'}" for i in range(200)]
+    lines = [PRED + ",split"] + [
+        f"m{i % 4},{i // 4},{40 + i % 7},{'' if i % 4 else 99},{'test' if i % 4 == 3 else 'train'}"
+        for i in range(200)
+    ]
     p = _write(tmp_path, lines)
     opts = fleetcsv.CsvOptions(progress=False)
     whole = fleetcsv.load(str(p), opts)
@@ -170,7 +204,8 @@ def test_small_blocks_read_as_one_block_does(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("block_bytes", [64, 1 << 20])
 def test_rows_are_named_by_their_line_across_blocks_and_blank_lines(
-        tmp_path, capsys, monkeypatch, block_bytes):
+    tmp_path, capsys, monkeypatch, block_bytes
+):
     monkeypatch.setattr(fleetcsv, "BLOCK_BYTES", block_bytes)
     good = [f"m1,{i},40," for i in range(30)]
     bad_cell = [PRED, *good[:10], "", "", *good[10:], "", "m1,31,warm,"]
@@ -178,13 +213,15 @@ def test_rows_are_named_by_their_line_across_blocks_and_blank_lines(
     short = [PRED, *good[:5], "", "m1,6,40"]
     assert "row 8: 3 fields, the header has 4" in _refused(capsys, _write(tmp_path, short))
     differs = [PRED, "m1,0,40,9", "", "m1,1,40,9", "m1,2,40,10"]
-    assert ("row 5, column 'failure_time': '10' differs from the entity's failure time on "
-            "row 2") in _refused(capsys, _write(tmp_path, differs))
+    assert (
+        "row 5, column 'failure_time': '10' differs from the entity's failure time on row 2"
+    ) in _refused(capsys, _write(tmp_path, differs))
 
 
 def test_blank_lines_and_spaces_read_as_before(tmp_path):
-    p = _write(tmp_path, [PRED, " m1 , 0 , 40 , ", "", "m1,1, NA ,", ",,,", "m1,2,nan,",
-                          "m2,0,1e1,"])  # a blank line and a row of commas: skipped
+    p = _write(
+        tmp_path, [PRED, " m1 , 0 , 40 , ", "", "m1,1, NA ,", ",,,", "m1,2,nan,", "m2,0,1e1,"]
+    )  # a blank line and a row of commas: skipped
     ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(poll_interval=1.0, progress=False))
     ents = {e.name: e for e in ds.train + ds.test}
     assert ents["m1"].t.tolist() == [0.0, 1.0, 2.0] and ents["m2"].x[:, 0].tolist() == [10.0]

@@ -32,25 +32,34 @@ def test_scaler_floor_follows_the_training_range():
 
 
 def _res(f1, pa):
-    return {"point": {"f1": f1, "precision": f1, "recall": f1},
-            "point_adjusted": {"f1": pa, "precision": pa, "recall": pa},
-            "event": {"event_recall": 1.0, "mean_delay": 1.0}, "best_f1_optimistic": 1.0}
+    return {
+        "point": {"f1": f1, "precision": f1, "recall": f1},
+        "point_adjusted": {"f1": pa, "precision": pa, "recall": pa},
+        "event": {"event_recall": 1.0, "mean_delay": 1.0},
+        "best_f1_optimistic": 1.0,
+    }
 
 
 def _scores(table):
     """table[machine][detector] = (f1, pa) at 0.99; the other levels a little worse."""
-    return {m: {d: {q: _res(f - (q > 0.99) * 0.01, p) for q in eval_detection.QUANTILES}
-                for d, (f, p) in dets.items()}
-            for m, dets in table.items()}
+    return {
+        m: {
+            d: {q: _res(f - (q > 0.99) * 0.01, p) for q in eval_detection.QUANTILES}
+            for d, (f, p) in dets.items()
+        }
+        for m, dets in table.items()
+    }
 
 
 def test_choice_is_made_on_the_tuning_machines_only():
-    s = _scores({
-        "a": {"pca": (0.2, 0.5), "forecast": (0.4, 0.6)},
-        "b": {"pca": (0.2, 0.5), "forecast": (0.5, 0.7)},
-        # On c, PCA is far better: a rule that peeked at c would pick it.
-        "c": {"pca": (0.9, 0.9), "forecast": (0.1, 0.1)},
-    })
+    s = _scores(
+        {
+            "a": {"pca": (0.2, 0.5), "forecast": (0.4, 0.6)},
+            "b": {"pca": (0.2, 0.5), "forecast": (0.5, 0.7)},
+            # On c, PCA is far better: a rule that peeked at c would pick it.
+            "c": {"pca": (0.9, 0.9), "forecast": (0.1, 0.1)},
+        }
+    )
     assert eval_detection.choose(s, ["a", "b"]) == ("forecast", 0.99)
     r = eval_detection.holdout(s, ["c"])
     assert r["chosen_as"] == {"c": "forecast@0.99"}
@@ -59,11 +68,13 @@ def test_choice_is_made_on_the_tuning_machines_only():
 
 
 def test_leave_one_out_reports_every_machine_with_the_others_choice():
-    s = _scores({
-        "a": {"pca": (0.3, 0.5), "forecast": (0.6, 0.7)},
-        "b": {"pca": (0.3, 0.5), "forecast": (0.6, 0.7)},
-        "c": {"pca": (0.3, 0.5), "forecast": (0.2, 0.4)},
-    })
+    s = _scores(
+        {
+            "a": {"pca": (0.3, 0.5), "forecast": (0.6, 0.7)},
+            "b": {"pca": (0.3, 0.5), "forecast": (0.6, 0.7)},
+            "c": {"pca": (0.3, 0.5), "forecast": (0.2, 0.4)},
+        }
+    )
     r = eval_detection.holdout(s, None)
     assert r["reported"] == ["a", "b", "c"]
     assert set(r["chosen_as"].values()) == {"forecast@0.99"}
@@ -81,8 +92,12 @@ def test_parse_seeds():
 
 
 def _run(student, lstm):
-    return {"methods": {"fgl_student": {"entity": {"f1": student[0], "false_alarms": student[1]}},
-                        "lstm": {"entity": {"f1": lstm[0], "false_alarms": lstm[1]}}}}
+    return {
+        "methods": {
+            "fgl_student": {"entity": {"f1": student[0], "false_alarms": student[1]}},
+            "lstm": {"entity": {"f1": lstm[0], "false_alarms": lstm[1]}},
+        }
+    }
 
 
 def test_summary_counts_wins_margin_and_false_alarms():
