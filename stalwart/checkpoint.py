@@ -298,6 +298,7 @@ def build_manifest(
     consistency: common.ConsistencySpec | None = None,
     num_slots: int = 0,
     data_position: common.DataPosition | None = None,
+    gradient_dtype: int = common.DTYPE_UNSPECIFIED,
 ) -> common.CheckpointManifest:
     """A manifest over the given tensors (from one or many shards)."""
     total = sum(ref.size for t in tensors for ref in t.chunks)
@@ -311,6 +312,7 @@ def build_manifest(
         written_bytes=total if written_bytes is None else written_bytes,
         store_url=store_url,
         num_slots=num_slots,
+        gradient_dtype=gradient_dtype,
         shards=sorted(shards, key=lambda s: s.shard),
         data_position=data_position or common.DataPosition(step=step),
     )

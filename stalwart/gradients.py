@@ -81,22 +81,20 @@ def combine_buffers(values: Sequence[torch.Tensor]) -> torch.Tensor:
 
 # --- gradients on the wire (JobSpec.gradient_dtype) ----------------------------------
 
-# the one narrowing there is: float32 gradients as bfloat16 (to nearest, ties to even)
-WIRE_NARROWING = {torch.float32: torch.bfloat16}
+
+def wire_dtype(param: torch.dtype, gradient_dtype: int) -> torch.dtype:
+    """The dtype the gradient of a ``param`` parameter travels in under
+    ``JobSpec.gradient_dtype``: bfloat16 for a float32 parameter when the job says
+    DTYPE_BFLOAT16 (rounded to nearest, ties to even), otherwise its own."""
+    if gradient_dtype == common.DTYPE_BFLOAT16 and param == torch.float32:
+        return torch.bfloat16
+    return param
 
 
-def narrowed(grads: Mapping[str, torch.Tensor], wire_dtype: int) -> dict[str, torch.Tensor]:
-    """Parameter gradients as a slot pushes them under ``JobSpec.gradient_dtype``: with
-    DTYPE_BFLOAT16, every float32 one rounded to bfloat16; otherwise as they are."""
-    if wire_dtype != common.DTYPE_BFLOAT16:
-        return dict(grads)
-    return {n: g.to(WIRE_NARROWING.get(g.dtype, g.dtype)) for n, g in grads.items()}
-
-
-def accepts_on_wire(wire: torch.dtype, param: torch.dtype) -> bool:
-    """May the gradient of a ``param`` parameter arrive as ``wire``? Its own dtype, or
-    the one narrowing (a float32 parameter's gradient as bfloat16)."""
-    return wire == param or WIRE_NARROWING.get(param) == wire
+def narrowed(grads: Mapping[str, torch.Tensor], gradient_dtype: int) -> dict[str, torch.Tensor]:
+    """Parameter gradients as a slot pushes them (:func:`wire_dtype`; no copy of those
+    that keep their dtype)."""
+    return {n: g.to(wire_dtype(g.dtype, gradient_dtype)) for n, g in grads.items()}
 
 
 def widened(

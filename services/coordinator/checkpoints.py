@@ -307,6 +307,7 @@ class Checkpoints:
                 written_bytes=sum(p.written_bytes for p in parts), optimizer=spec.optimizer,
                 consistency=parts[0].consistency, num_slots=parts[0].num_slots,
                 data_position=common.DataPosition(step=at, seed=spec.seed),
+                gradient_dtype=spec.gradient_dtype,
             )  # fmt: skip
             await self._io(ckpt.publish, self.store(), manifest)
             self._last_saved[job_id] = max(self._last_saved.get(job_id, 0), at)

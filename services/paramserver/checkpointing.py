@@ -233,6 +233,7 @@ def model_from_checkpoint(
         num_slots=manifest.num_slots,
         epoch=epoch,
         tensors=params,
+        gradient_dtype=manifest.gradient_dtype,
     )
     install = paramserver.InstallStateHeader(
         epoch=epoch,

@@ -101,6 +101,7 @@ class JobModel:
             raise StalwartError(
                 ErrorKind.INVALID_ARGUMENT, f"buffer_names not among the tensors: {sorted(unknown)}"
             )
+        self.wire_dtypes = _wire_dtypes(header, self.buffers)
         stepped = [p for n, p in self.params.items() if n not in self.buffers]
         self.optimizer = optim.build(header.optimizer, stepped)
         self._names = {id(p): n for n, p in self.params.items()}
@@ -130,11 +131,14 @@ class JobModel:
                     ErrorKind.BAD_SHAPE,
                     f"gradient {spec.name} has shape {list(spec.shape)}, parameter has {list(own.shape)}",
                 )
-            if spec.dtype != own.dtype and not _narrowed_on_wire(spec.dtype, own.dtype):
+            expected = self.wire_dtypes[spec.name]
+            if spec.dtype != expected:
                 raise StalwartError(
                     ErrorKind.BAD_DTYPE,
-                    f"gradient {spec.name} is {common.Dtype.Name(spec.dtype)}, "
-                    f"parameter is {common.Dtype.Name(own.dtype)}",
+                    f"gradient {spec.name} is {common.Dtype.Name(spec.dtype)}, the job expects "
+                    f"{common.Dtype.Name(expected)} (parameter "
+                    f"{common.Dtype.Name(own.dtype)}, gradient_dtype "
+                    f"{common.Dtype.Name(self.header.gradient_dtype)})",
                 )
 
     def check_slot(self, step: int, slot: int) -> None:
@@ -308,12 +312,22 @@ def combined_fingerprint(prints: Iterable[paramserver.TensorFingerprint]) -> int
     return crc
 
 
-def _narrowed_on_wire(wire: int, param: int) -> bool:
-    """Is ``wire`` the one narrowing of ``param`` gradients may travel in (float32 as
-    bfloat16)? Unknown dtypes are not (the caller answers them)."""
-    if wire not in codec.DTYPES or param not in codec.DTYPES:
-        return False
-    return gradients.accepts_on_wire(codec.DTYPES[wire], codec.DTYPES[param])
+def _wire_dtypes(header: paramserver.ModelHeader, buffers: frozenset[str]) -> dict[str, int]:
+    """The dtype each tensor's pushes must carry: buffers' values in their own, parameters'
+    gradients as ``header.gradient_dtype`` says (stalwart.gradients.wire_dtype)."""
+    if header.gradient_dtype not in (common.DTYPE_UNSPECIFIED, common.DTYPE_BFLOAT16):
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"gradient_dtype must be DTYPE_UNSPECIFIED or DTYPE_BFLOAT16, got {header.gradient_dtype}",
+        )
+    out = {}
+    for spec in header.tensors:
+        if spec.name in buffers or spec.dtype not in codec.DTYPES:
+            out[spec.name] = spec.dtype
+        else:
+            param = codec.DTYPES[spec.dtype]
+            out[spec.name] = codec.to_wire_dtype(gradients.wire_dtype(param, header.gradient_dtype))
+    return out
 
 
 def check_finite(grads: Mapping[str, torch.Tensor]) -> None:

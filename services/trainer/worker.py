@@ -241,7 +241,7 @@ class Worker:
         rule = schedule.resolved(s.optimizer, s.steps)
         await job.client.register_model(
             job.job_id, initial, rule, s.consistency, max(s.num_slots, 1),
-            buffers=training.buffer_names(job.task, s.seed),
+            buffers=training.buffer_names(job.task, s.seed), gradient_dtype=s.gradient_dtype,
         )  # fmt: skip
         job.registered = True
 

@@ -64,7 +64,7 @@ async def _steps(groups: list[list[str]], model, repeats: int, wire: int) -> lis
     sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.01, momentum=0.9)
     sync = common.ConsistencySpec(mode=common.CONSISTENCY_MODE_SYNC)
     for c in clients:
-        await c.register_model("exchange", model, sgd, sync, SLOTS)
+        await c.register_model("exchange", model, sgd, sync, SLOTS, gradient_dtype=wire)
     grads = gradients.narrowed({n: torch.full_like(t, 1e-3) for n, t in model.items()}, wire)
     times = []
     try:

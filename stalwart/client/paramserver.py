@@ -340,8 +340,10 @@ class ParamServerClient:
         consistency: common.ConsistencySpec,
         num_slots: int,
         buffers: Collection[str] = (),
+        gradient_dtype: int = common.DTYPE_UNSPECIFIED,
     ) -> None:
-        """``buffers``: names among ``params`` that are module buffers (not stepped)."""
+        """``buffers``: names among ``params`` that are module buffers (not stepped);
+        ``gradient_dtype``: the job's JobSpec.gradient_dtype (what its pushes carry)."""
         per_shard = shardmap.split(params, self.plan(params), self.num_shards)
         self.answers_carry_parameters = all(
             tensor_bytes(p.values()) <= g.chunk_bytes
@@ -359,6 +361,7 @@ class ParamServerClient:
                 tensors=[codec.spec_of(n, t) for n, t in pieces.items()],
                 chunk_size=group.chunk_bytes,
                 buffer_names=[n for n in pieces if n in buffer_of],
+                gradient_dtype=gradient_dtype,
             )
             await group.register_model(header, list(pieces.values()))
 

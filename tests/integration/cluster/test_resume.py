@@ -38,7 +38,7 @@ def config(store_url: str, runs: Path, trainers: int, env=None) -> cluster.Clust
                                  trainer_env=env or {}, start_timeout_s=600)  # fmt: skip
 
 
-async def run_part_way(store_url: str, runs: Path) -> coordinator.JobSpec:
+async def run_part_way(store_url: str, runs: Path, gradients: str) -> coordinator.JobSpec:
     """Phase one: submit from the CLI, train to step STOP_AT and its checkpoint, stop
     everything. The trainers hang at STOP_AT, so the job cannot finish meanwhile."""
     hang = {"STALWART_FAULTS": f"hang_at_step={STOP_AT}"}
@@ -47,8 +47,8 @@ async def run_part_way(store_url: str, runs: Path) -> coordinator.JobSpec:
         await cluster.wait_healthy(first, 600)
         submit = stalwart("job", "submit", "--slots", "2", "--steps", "40", "--batch-size", "16",
                           "--arg", "width=8", "--seed", "7", "--checkpoint-interval", "2",
-                          "--job-id", JOB, "-o", "json", "--run-dir", str(first.run_dir),
-                          timeout=300)  # fmt: skip
+                          "--job-id", JOB, "--gradient-dtype", gradients, "-o", "json",
+                          "--run-dir", str(first.run_dir), timeout=300)  # fmt: skip
         assert submit.returncode == 0, submit.stderr
         async with CoordinatorClient(first.coordinator_addresses, retry_for_s=120) as client:
 
@@ -67,15 +67,20 @@ async def run_part_way(store_url: str, runs: Path) -> coordinator.JobSpec:
         cluster.stop_run(first.run_dir, 15)  # `stalwart down`
 
 
-def test_down_up_resume_bitwise(tmp_path: Path):
-    asyncio.run(_down_up_resume(tmp_path))
+@pytest.mark.parametrize("gradients", ["float32", "bfloat16"])
+def test_down_up_resume_bitwise(tmp_path: Path, gradients: str):
+    """bfloat16: the restored replicas expect the pushes in the dtype the job's trainers
+    send (the checkpoint's manifest carries JobSpec.gradient_dtype)."""
+    asyncio.run(_down_up_resume(tmp_path, gradients))
 
 
-async def _down_up_resume(tmp_path: Path) -> None:
+async def _down_up_resume(tmp_path: Path, gradients: str) -> None:
     store = tmp_path / "store"
     store.mkdir()
     url, runs = f"file://{store}", tmp_path / "runs"
-    spec = await run_part_way(url, runs)
+    spec = await run_part_way(url, runs, gradients)
+    wire = common.DTYPE_BFLOAT16 if gradients == "bfloat16" else common.DTYPE_UNSPECIFIED
+    assert spec.gradient_dtype == wire
     training.make_deterministic()
     want = await asyncio.to_thread(training.reference_run, spec)
 

@@ -127,9 +127,8 @@ def test_check_grad_specs_accepts_matching_specs_and_subsets():
         (spec("scale", shape=(1,)), ErrorKind.BAD_SHAPE),
         (spec("fc.bias", shape=()), ErrorKind.BAD_SHAPE),
         (spec("fc.weight", dtype=common.DTYPE_FLOAT64), ErrorKind.BAD_DTYPE),
-        (spec("fc.weight", dtype=common.DTYPE_FLOAT16), ErrorKind.BAD_DTYPE),
+        (spec("fc.weight", dtype=common.DTYPE_BFLOAT16), ErrorKind.BAD_DTYPE),
         (spec("head.weight", dtype=common.DTYPE_FLOAT32, shape=(2, 4)), ErrorKind.BAD_DTYPE),
-        (spec("head.weight", dtype=common.DTYPE_BFLOAT16, shape=(2, 4)), ErrorKind.BAD_DTYPE),
     ],
     ids=[
         "unknown-name",
@@ -140,9 +139,8 @@ def test_check_grad_specs_accepts_matching_specs_and_subsets():
         "scalar-as-vector",
         "vector-as-scalar",
         "float64-for-float32",
-        "float16-for-float32",
+        "bfloat16-for-float32",
         "float32-for-float64",
-        "bfloat16-for-float64",
     ],
 )
 def test_check_grad_specs_rejects(bad, kind):
@@ -152,9 +150,38 @@ def test_check_grad_specs_rejects(bad, kind):
     assert got.code.name == "INVALID_ARGUMENT"
 
 
-def test_a_float32_parameters_gradient_may_travel_as_bfloat16():
-    """JobSpec.gradient_dtype: the one narrowing the paramserver accepts."""
-    make_job().check_grad_specs([spec("fc.weight", dtype=common.DTYPE_BFLOAT16)])
+def bf16_job() -> JobModel:
+    """A job whose pushes carry float32 parameters' gradients as bfloat16."""
+    init = initial_params()
+    h = header(sgd(lr=0.1, momentum=0.9), init)
+    h.gradient_dtype = common.DTYPE_BFLOAT16
+    return JobModel(h, init)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        spec("fc.weight"),  # float32 where the job said bfloat16
+        spec("fc.weight", dtype=common.DTYPE_FLOAT16),
+        spec("head.weight", dtype=common.DTYPE_BFLOAT16, shape=(2, 4)),  # a float64 parameter
+    ],
+    ids=["float32-in-a-bf16-job", "float16-in-a-bf16-job", "bfloat16-for-float64"],
+)
+def test_a_bf16_jobs_pushes_carry_bfloat16_for_float32_parameters_only(bad):
+    """ModelHeader.gradient_dtype (JobSpec.gradient_dtype): one dtype per tensor is right."""
+    job = bf16_job()
+    job.check_grad_specs([
+        spec("fc.weight", dtype=common.DTYPE_BFLOAT16),
+        spec("head.weight", dtype=common.DTYPE_FLOAT64, shape=(2, 4)),
+    ])  # fmt: skip
+    assert kind_of(job.check_grad_specs, [bad]) is ErrorKind.BAD_DTYPE
+
+
+def test_an_unknown_gradient_dtype_is_refused_at_registration():
+    init = initial_params()
+    h = header(sgd(lr=0.1), init)
+    h.gradient_dtype = common.DTYPE_FLOAT16
+    assert kind_of(JobModel, h, init) is ErrorKind.INVALID_ARGUMENT
 
 
 def test_bfloat16_pushes_are_widened_and_applied_as_their_float32_values():
@@ -167,7 +194,7 @@ def test_bfloat16_pushes_are_widened_and_applied_as_their_float32_values():
     assert narrow[0]["head.weight"].dtype == torch.float64  # only float32 narrows
     wide = [{n: g.to(init[n].dtype) for n, g in push.items()} for push in narrow]
     assert not torch.equal(wide[0]["fc.weight"], grads_for(init, 0, 0)["fc.weight"])
-    via_wire, as_float32 = make_job(), make_job()
+    via_wire, as_float32 = bf16_job(), make_job()
     sync_step(via_wire, 0, narrow)
     assert via_wire.pending == {}
     sync_step(as_float32, 0, wide)

@@ -149,3 +149,31 @@ def test_a_restore_from_a_checkpoint_keeps_buffers_buffers():
     assert len(restored.optimizer.param_groups[0]["params"]) == 1
     sync_step(restored, 1, pushes(1))
     assert torch.equal(restored.params["bn.running_mean"], torch.tensor([2.5, 5.0]))
+
+
+def test_a_restore_expects_the_gradient_dtype_the_checkpoint_names():
+    """A bfloat16 job restored from its checkpoint takes its trainers' bfloat16 pushes
+    (for parameters; buffers' values in their own dtype) and refuses float32 ones."""
+    from services.paramserver.checkpointing import model_from_checkpoint
+    from stalwart import checkpoint as ckpt
+    from stalwart import codec
+
+    job = buffer_job()
+    tensors = job.state_tensors()
+    kinds = {"w": "param", "bn.running_mean": "buffer", "bn.num_batches_tracked": "buffer"}
+    manifest = ckpt.build_manifest(
+        job_id=job.job_id, checkpoint_id="c1", step=0, optimizer=job.header.optimizer,
+        consistency=job.header.consistency, num_slots=SLOTS,
+        shards=[common.ShardState(shard=0, version=0, slot_clocks=[0, 0])],
+        tensors=[common.CheckpointTensor(spec=codec.spec_of(n, t), shard=0,
+                                         kind=kinds.get(n, n.rpartition("/")[2]))
+                 for n, t in tensors.items()],
+        gradient_dtype=common.DTYPE_BFLOAT16,
+    )  # fmt: skip
+    restored = model_from_checkpoint(manifest, 0, tensors, epoch=3)
+    assert restored.header.gradient_dtype == common.DTYPE_BFLOAT16
+    bf16 = {"w": torch.zeros(2, dtype=torch.bfloat16)}
+    restored.check_grad_specs([codec.spec_of(n, t) for n, t in bf16.items()])
+    restored.check_grad_specs([codec.spec_of("bn.running_mean", tensors["bn.running_mean"])])
+    with pytest.raises(Exception, match="expects DTYPE_BFLOAT16"):
+        restored.check_grad_specs([codec.spec_of("w", torch.zeros(2))])
