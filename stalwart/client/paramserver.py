@@ -47,7 +47,9 @@ def _cancelled_by_caller() -> bool:
 class ParamServerStub(paramserver_grpc.ParamServerServiceStub):
     """The generated stub, but its client-streaming calls also take messages
     already serialized (bytes from :func:`codec.encode_chunk_messages`), so
-    tensor chunks go out with one copy from the tensor instead of three."""
+    tensor chunks go out with one copy from the tensor instead of three, and its
+    Pull yields each message as the bytes received, for :class:`_PullAssembly` to
+    read a chunk's data where it lies (one copy into the tensor instead of three)."""
 
     def __init__(self, channel: grpc.aio.Channel):
         super().__init__(channel)
@@ -67,6 +69,11 @@ class ParamServerStub(paramserver_grpc.ParamServerServiceStub):
                     response_deserializer=response.FromString,
                 ),
             )
+        self.Pull = channel.unary_stream(
+            f"/{service}/Pull",
+            request_serializer=paramserver.PullRequest.SerializeToString,
+            response_deserializer=None,  # the bytes as received
+        )
         # the replication stream: chunks go out as serialized bytes too
         self.ReplicateStream = channel.stream_stream(
             f"/{service}/ReplicateStream",
@@ -95,14 +102,25 @@ class _PullAssembly:
         self.header = None
         self.assembler: codec.ChunkAssembler | None = None
 
-    def add(self, message) -> None:
+    def add(self, message: paramserver.PullResponse | bytes) -> None:
+        """One message: parsed, or as received (ParamServerStub.Pull), whose chunk is
+        read without protobuf (:func:`codec.read_chunk_message`)."""
+        if isinstance(message, bytes):
+            chunk = codec.read_chunk_message(message)
+            if chunk is not None:
+                self._place(chunk)
+                return
+            message = paramserver.PullResponse.FromString(message)
         if message.WhichOneof("part") == "header":
             self.header = message.header
             self.assembler = codec.ChunkAssembler(self.header.tensors, packed=self.header.packed)
-        elif self.assembler is None:
-            raise RpcError(grpc.StatusCode.INTERNAL, "pull stream began without a header")
         else:
-            self.assembler.add(message.chunk)
+            self._place(message.chunk)
+
+    def _place(self, chunk: common.TensorChunk | codec.WireChunk) -> None:
+        if self.assembler is None:
+            raise RpcError(grpc.StatusCode.INTERNAL, "pull stream began without a header")
+        self.assembler.add(chunk)
 
     def result(self) -> tuple[int, dict[str, torch.Tensor]]:
         if self.header is None:
