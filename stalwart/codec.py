@@ -258,7 +258,7 @@ class WireChunk:
     message: bytes
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     """(value, position after it); (-1, -1) for one cut short or over 10 bytes."""
     value = shift = 0
     while pos < len(buf) and shift < 70:
@@ -271,18 +271,19 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     return -1, -1
 
 
-def read_chunk_message(message: bytes) -> WireChunk | None:
+def read_chunk_message(message: bytes, at: int = 0) -> WireChunk | None:
     """The chunk of a serialized ``{chunk: TensorChunk}`` stream message, read
     without protobuf: its data is not copied (protobuf's message copies it
-    each time ``data`` is read).
+    each time ``data`` is read). ``at``: where the chunk field begins (after
+    fields the caller read, as a replication stream's op).
 
     Reads only the form :func:`chunk_message` writes (any field order, fields
     repeated or left out); None for anything else (a header, unknown fields,
     a chunk spread over several fields, bad input), for protobuf to parse.
     """
-    if len(message) < 2 or message[0] != 0x12:  # TensorChunk chunk = 2
+    if len(message) < at + 2 or message[at] != 0x12:  # TensorChunk chunk = 2
         return None
-    size, pos = _read_varint(message, 1)
+    size, pos = read_varint(message, at + 1)
     if pos < 0 or pos + size != len(message):
         return None
     index = offset = crc = 0
@@ -290,11 +291,11 @@ def read_chunk_message(message: bytes) -> WireChunk | None:
     while 0 <= pos < len(message):
         tag = message[pos]
         if tag == 0x08:
-            index, pos = _read_varint(message, pos + 1)
+            index, pos = read_varint(message, pos + 1)
         elif tag == 0x10:
-            offset, pos = _read_varint(message, pos + 1)
+            offset, pos = read_varint(message, pos + 1)
         elif tag == 0x1A:
-            size, start = _read_varint(message, pos + 1)
+            size, start = read_varint(message, pos + 1)
             end = pos = start + size if start >= 0 else -1
         elif tag == 0x25 and pos + 5 <= len(message):
             crc, pos = int.from_bytes(message[pos + 1 : pos + 5], "little"), pos + 5

@@ -32,6 +32,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
@@ -67,6 +69,31 @@ def _varint(value: int) -> bytes:
 
 def _op_field(op: int) -> bytes:
     return b"\x08" + _varint(op)  # uint64 op = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OpChunk:
+    """A stream chunk message as the primary writes it (its op field, then the
+    chunk: ``StreamForward.write``), read from the bytes received."""
+
+    op: int
+    chunk: codec.WireChunk
+
+
+def request_reader(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """The backup's gRPC deserializer for the stream: chunk messages as
+    :class:`OpChunk`, whose data is not copied (protobuf's message copies it each
+    time it is read); anything else by ``parse``."""
+
+    def deserializer(message: bytes) -> Any:
+        if len(message) > 2 and message[0] == 0x08:  # uint64 op = 1 first
+            op, pos = codec.read_varint(message, 1)
+            chunk = codec.read_chunk_message(message, pos) if pos > 0 else None
+            if chunk is not None:
+                return OpChunk(op, chunk)
+        return parse(message)
+
+    return deserializer
 
 
 class StreamLink:
@@ -332,7 +359,7 @@ class BackupSession:
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
-        if first.WhichOneof("part") != "open":
+        if isinstance(first, OpChunk) or first.WhichOneof("part") != "open":
             raise StalwartError(ErrorKind.BAD_STREAM, "the first message must be open")
         try:
             self.check(first.open.epoch)
@@ -354,14 +381,18 @@ class BackupSession:
         if self.tasks:
             await asyncio.wait(set(self.tasks))
 
-    async def _handle(self, message: paramserver.ReplicateStreamRequest) -> None:
-        op, part = message.op, message.WhichOneof("part")
+    async def _handle(self, message: paramserver.ReplicateStreamRequest | OpChunk) -> None:
+        if isinstance(message, OpChunk):
+            op, part, chunk = message.op, "chunk", message.chunk
+        else:
+            op, part = message.op, message.WhichOneof("part")
+            chunk = message.chunk if part == "chunk" else None
         try:
             if part == "chunk":
                 push = self.pushes.get(op)
                 if push is None:
                     return  # of a push already refused (its error was answered)
-                push[1].add(message.chunk)
+                push[1].add(chunk)
             elif part == "push":
                 header = message.push
                 self.check(header.epoch)

@@ -699,7 +699,8 @@ def add_to_server(servicer: ParamServer, server) -> None:
     pull, and a push's answer with parameters (:func:`codec.push_answer`);
     and the chunk streams' chunks are read by :func:`codec.read_chunk_message`,
     without protobuf's copies of their data (a push's chunks go on to the
-    backups as they came)."""
+    backups as they came), the replication stream's by
+    :func:`replstream.request_reader`."""
 
     class _Capture:
         def __init__(self):
@@ -725,6 +726,10 @@ def add_to_server(servicer: ParamServer, server) -> None:
         handlers[name] = handler._replace(
             request_deserializer=codec.chunk_reader(handler.request_deserializer)
         )
+    handler = handlers["ReplicateStream"]  # its chunks too, each behind its op
+    handlers["ReplicateStream"] = handler._replace(
+        request_deserializer=replstream.request_reader(handler.request_deserializer)
+    )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(capture.service, handlers),)
     )

@@ -11,7 +11,7 @@ import pytest
 
 from services.paramserver import replstream
 from stalwart import codec
-from stalwart.api import paramserver
+from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, RpcError
 
 pytestmark = pytest.mark.timeout(30)
@@ -130,3 +130,36 @@ async def test_a_backup_without_the_call_stays_on_unary_calls() -> None:
 
 def codec_chunk() -> bytes:
     return codec.chunk_message(0, 0, b"\x00" * 8, 1)
+
+
+async def test_chunks_reach_the_backup_without_protobuf_and_the_rest_parsed() -> None:
+    """What StreamForward writes, read back by the backup's deserializer: a chunk as an
+    OpChunk whose data lies in the received bytes; a header as protobuf parses it."""
+    calls: list[ScriptedCall] = []
+    link = _link(calls)
+    call = await _open(link, calls)
+    forward = replstream.StreamForward(link, call)
+    data = bytes(range(256)) * 3
+    header = paramserver.ReplicatePushHeader(
+        epoch=7, push=paramserver.PushHeader(job_id="j", step=4, slot=1)
+    )
+    await forward.write(paramserver.ReplicatePushRequest(header=header))
+    await forward.write(codec.chunk_message(2, 4096, data, codec.crc32c(data)))
+    read = replstream.request_reader(paramserver.ReplicateStreamRequest.FromString)
+    head, chunk = read(call.written[1]), read(call.written[2])
+    assert head.op == forward.op and head.push == header
+    assert isinstance(chunk, replstream.OpChunk) and chunk.op == forward.op
+    c = chunk.chunk
+    assert (c.tensor_index, c.offset, c.crc32c) == (2, 4096, codec.crc32c(data))
+    assert bytes(c.data) == data and c.data.obj is call.written[2]  # a view, not a copy
+    as_protobuf = call.sent(2)  # the same bytes, read by protobuf
+    assert as_protobuf.op == chunk.op and as_protobuf.chunk.data == data
+    # the same fields serialized by protobuf (another sender) read the same way
+    theirs = paramserver.ReplicateStreamRequest(
+        op=3, chunk=common.TensorChunk(tensor_index=1, offset=8, data=b"xy", crc32c=5)
+    ).SerializeToString()
+    got = read(theirs)
+    assert isinstance(got, replstream.OpChunk) and got.op == 3
+    assert (got.chunk.tensor_index, got.chunk.offset, bytes(got.chunk.data)) == (1, 8, b"xy")
+    commit = read(paramserver.ReplicateStreamRequest(op=9, commit=_commit()).SerializeToString())
+    assert commit.op == 9 and commit.commit == _commit()
