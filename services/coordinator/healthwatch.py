@@ -93,7 +93,9 @@ class HealthWatch:
                     if node is not None:
                         node.health_score = max(0.0, 1.0 - r.risk)
                     if r.risk >= self.drain_risk:
-                        await self._maybe_drain(r.node_id, r.risk, ", ".join(r.top_signals))
+                        # the findings, as the alert that may race this poll words them
+                        why = "; ".join(r.reasons) or ", ".join(r.top_signals)
+                        await self._maybe_drain(r.node_id, r.risk, why)
             except grpc.RpcError as err:
                 log.debug("health risks unavailable", error=str(err))
             await asyncio.sleep(self.poll_s)

@@ -68,7 +68,8 @@ def check_sample(sample, max_metrics: int) -> None:
 
 def risk_proto(a: Assessment) -> health.NodeRisk:
     risk = health.NodeRisk(node_id=a.node_id, risk=a.risk, anomaly_score=a.anomaly,
-                           top_signals=list(a.top_signals), update_time=_ts(a.time))  # fmt: skip
+                           top_signals=list(a.top_signals), update_time=_ts(a.time),
+                           reasons=list(a.reasons))  # fmt: skip
     if a.lead_s is not None:  # unset: no rule predicts a failure
         risk.predicted_lead_time.FromNanoseconds(int(a.lead_s * 1e9))
     return risk

@@ -14,8 +14,12 @@ Set ``--faults`` or ``STALWART_FAULTS`` to comma-separated ``name=value`` pairs:
   up to half) in the gradient of step N after computing it, as silent data
   corruption would; only duplicate computation can tell.
 - ``heat_from_step=N``: from step N on, the reported ``gpu_temperature_celsius``
-  climbs 5 C per step from 70 C (65 C before N): a node the health service
-  should see failing and the coordinator drain before a scripted crash.
+  climbs 5 C per step from 70 C (65 C before N), and each step computed takes
+  ``HEAT_THROTTLE_S`` longer, as a hot GPU slows its clocks: a node the health
+  service should see failing and the coordinator drain before a scripted crash.
+  The health service samples by time and the crash is keyed by step, so the
+  throttling is what leaves it time on a machine fast enough to run tens of
+  steps a second.
 
 Only steps computed for a slot count; a standby never fires. Each fault fires
 once; the log says so, so tests can check a fault actually fired.
@@ -29,6 +33,9 @@ import time
 from dataclasses import dataclass, field
 
 from stalwart import faultspec, log
+
+# seconds a heated node's step takes longer (heat_from_step)
+HEAT_THROTTLE_S = 0.1
 
 _KNOWN = {
     "crash_at_step": int,
@@ -57,6 +64,8 @@ class Faults(faultspec.FaultSet):
         """Called with the gradient of ``step`` computed, before it is pushed."""
         if self.delay_s:
             time.sleep(self.delay_s)
+        if self.heat_from_step is not None and step >= self.heat_from_step:
+            time.sleep(HEAT_THROTTLE_S)
         if step == self.crash_at_step:
             _die("crash_at_step", step)
         if step == self.hang_at_step:

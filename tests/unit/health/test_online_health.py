@@ -220,6 +220,16 @@ def test_assessment_carries_the_soonest_lead_and_the_proto_sets_it_only_then():
     assert cool.lead_s is None and not risk_proto(cool).HasField("predicted_lead_time")
 
 
+def test_the_risk_carries_the_findings_a_drain_names():
+    """NodeRisk.reasons: the coordinator's poll drains with the words an alert uses."""
+    fleet = Fleet()
+    for i in range(5):
+        a, _ = fleet.observe("hot", float(i), i, {"gpu_temperature_celsius": 80.0 + 2 * i})
+    assert list(risk_proto(a).reasons) == ["GPU at 88.0 C, rising 2.00 C/s"]
+    cool, _ = fleet.observe("cool", 0.0, 0, {"gpu_temperature_celsius": 60.0})
+    assert list(risk_proto(cool).reasons) == []
+
+
 @pytest.mark.parametrize("name", ["isolation_forest", "pca", "threshold_rule"])
 def test_the_online_detector_is_the_offline_one_with_its_scaling(name):
     rng = np.random.default_rng(1)

@@ -29,3 +29,20 @@ def test_exactly_one_work_source():
         TrainerSettings()
     with pytest.raises(ValueError):
         TrainerSettings(coordinator="127.0.0.1:1", assignment_file="a.json")
+
+
+def test_a_heated_node_reports_heat_and_throttles_from_its_step_on(monkeypatch):
+    """heat_from_step: the telemetry climbs 5 C a step and each computed step sleeps
+    HEAT_THROTTLE_S (a hot GPU's clocks), so time passes for the health service."""
+    from services.trainer import faults
+
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    f = Faults.parse("heat_from_step=4")
+    assert f.telemetry(3) == {"gpu_temperature_celsius": 65.0}
+    assert f.telemetry(6) == {"gpu_temperature_celsius": 80.0}
+    f.before_push(3)
+    assert slept == []
+    f.before_push(4)
+    f.before_push(5)
+    assert slept == [faults.HEAT_THROTTLE_S] * 2
