@@ -94,6 +94,8 @@ def wire_dtype(param: torch.dtype, gradient_dtype: int) -> torch.dtype:
 def narrowed(grads: Mapping[str, torch.Tensor], gradient_dtype: int) -> dict[str, torch.Tensor]:
     """Parameter gradients as a slot pushes them (:func:`wire_dtype`; no copy of those
     that keep their dtype)."""
+    if gradient_dtype == common.DTYPE_UNSPECIFIED:
+        return dict(grads)  # the default: no per-tensor call on the step's path
     return {n: g.to(wire_dtype(g.dtype, gradient_dtype)) for n, g in grads.items()}
 
 
