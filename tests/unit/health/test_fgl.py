@@ -8,18 +8,23 @@ from services.health import eval_prediction, fgl, transceiver
 from services.health.datasets import PredictionSet
 
 
-@pytest.fixture(scope="module")
-def small_fleet():
+def fleet(train: tuple[int, int], test: tuple[int, int]) -> PredictionSet:
+    """Generated transceivers: (modules, seed) for the training and the test entities."""
     return PredictionSet(
         "transceiver",
         list(transceiver.CHANNELS),
-        transceiver.generate(100, 11, prefix="a"),
-        transceiver.generate(50, 12, prefix="b"),
+        transceiver.generate(*train, prefix="a"),
+        transceiver.generate(*test, prefix="b"),
         transceiver.HORIZON_H,
         "hours",
         transceiver.STEP_H,
         transceiver.NOTES,
     )
+
+
+@pytest.fixture(scope="module")
+def small_fleet():
+    return fleet((100, 11), (50, 12))
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +103,7 @@ def test_the_same_seed_trains_the_same_networks():
     # Two runs of the same command must print the same figures: the data, the split, the
     # windows, the batch order and the initial weights all follow the seed.
     def once():
-        ds = PredictionSet(
-            "transceiver",
-            list(transceiver.CHANNELS),
-            transceiver.generate(16, 21, prefix="a"),
-            transceiver.generate(6, 22, prefix="b"),
-            transceiver.HORIZON_H,
-            "hours",
-            transceiver.STEP_H,
-            transceiver.NOTES,
-        )
+        ds = fleet((16, 21), (6, 22))
         (fit, _), (val, _), _ = eval_prediction._build(ds, 3)
         idx = np.arange(0, len(fit.end), 16)
         cfg = fgl.TrainConfig(epochs=1, seed=3, balanced=False)
