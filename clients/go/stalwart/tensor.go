@@ -24,6 +24,24 @@ func Float32Bytes(values []float32) []byte {
 	return out
 }
 
+// BFloat16Bytes encodes float32 values as little-endian bfloat16, each rounded to
+// nearest with ties to even, as torch rounds them: what a job with gradient_dtype
+// DTYPE_BFLOAT16 expects a float32 parameter's gradient in (docs/models.md,
+// "Gradients on the wire"). A NaN stays a NaN.
+func BFloat16Bytes(values []float32) []byte {
+	out := make([]byte, 2*len(values))
+	for i, v := range values {
+		bits := math.Float32bits(v)
+		if v != v {
+			bits |= 0x00400000 // quiet NaN: rounding must not carry it to infinity
+		} else {
+			bits += 0x7FFF + (bits>>16)&1
+		}
+		binary.LittleEndian.PutUint16(out[2*i:], uint16(bits>>16))
+	}
+	return out
+}
+
 // BytesFloat32 decodes little-endian float32s.
 func BytesFloat32(data []byte) ([]float32, error) {
 	if len(data)%4 != 0 {

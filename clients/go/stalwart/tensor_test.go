@@ -1,6 +1,8 @@
 package stalwart
 
 import (
+	"encoding/binary"
+	"math"
 	"slices"
 	"testing"
 
@@ -40,5 +42,24 @@ func TestChunksReassemble(t *testing.T) {
 	bad[0].Data[0] ^= 0xFF
 	if err := NewAssembler([]*pb.TensorSpec{{Name: "x"}}).Add(bad[0]); err == nil {
 		t.Fatal("a corrupted chunk was accepted")
+	}
+}
+
+func TestBFloat16BytesRoundsAsTorchDoes(t *testing.T) {
+	// expected halves from torch: tensor(values).to(torch.bfloat16)
+	values := []float32{1.0, -2.5, 1.00390625, 1.01171875, math.MaxFloat32, 1e-40, 0.1, float32(math.Copysign(0, -1))}
+	want := []uint16{0x3f80, 0xc020, 0x3f80, 0x3f82, 0x7f80, 0x0001, 0x3dcd, 0x8000}
+	got := BFloat16Bytes(values)
+	if len(got) != 2*len(values) {
+		t.Fatalf("got %d bytes for %d values", len(got), len(values))
+	}
+	for i, w := range want {
+		if h := binary.LittleEndian.Uint16(got[2*i:]); h != w {
+			t.Errorf("value %v: got %#04x, want %#04x", values[i], h, w)
+		}
+	}
+	nan := binary.LittleEndian.Uint16(BFloat16Bytes([]float32{float32(math.NaN())}))
+	if nan&0x7f80 != 0x7f80 || nan&0x007f == 0 {
+		t.Errorf("NaN encoded as %#04x, not a NaN", nan)
 	}
 }
