@@ -20,6 +20,7 @@ from services.paramserver.consistency import Mode, Rules, Verdict, judge_push
 from stalwart import codec, gradients
 from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
+from stalwart.jobspec import GRADIENT_DTYPES
 
 DEDUPE_WINDOW = 65536  # applied (step, slot) keys remembered for conflict checks
 
@@ -315,10 +316,11 @@ def combined_fingerprint(prints: Iterable[paramserver.TensorFingerprint]) -> int
 def _wire_dtypes(header: paramserver.ModelHeader, buffers: frozenset[str]) -> dict[str, int]:
     """The dtype each tensor's pushes must carry: buffers' values in their own, parameters'
     gradients as ``header.gradient_dtype`` says (stalwart.gradients.wire_dtype)."""
-    if header.gradient_dtype not in (common.DTYPE_UNSPECIFIED, common.DTYPE_BFLOAT16):
+    if header.gradient_dtype not in GRADIENT_DTYPES:  # the values a JobSpec may hold
+        names = " or ".join(common.Dtype.Name(d) for d in GRADIENT_DTYPES)
         raise StalwartError(
             ErrorKind.INVALID_ARGUMENT,
-            f"gradient_dtype must be DTYPE_UNSPECIFIED or DTYPE_BFLOAT16, got {header.gradient_dtype}",
+            f"gradient_dtype must be {names}, got {header.gradient_dtype}",
         )
     out = {}
     for spec in header.tensors:
