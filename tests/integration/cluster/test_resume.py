@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 JOB = "durable"
 STOP_AT = 10  # phase one's trainers stop making progress here
+STEP_DELAY_S = 0.3  # and each of their steps until then takes this much longer
 
 
 def config(store_url: str, runs: Path, trainers: int, env=None) -> cluster.ClusterConfig:
@@ -40,8 +41,11 @@ def config(store_url: str, runs: Path, trainers: int, env=None) -> cluster.Clust
 
 async def run_part_way(store_url: str, runs: Path, gradients: str) -> coordinator.JobSpec:
     """Phase one: submit from the CLI, train to step STOP_AT and its checkpoint, stop
-    everything. The trainers hang at STOP_AT, so the job cannot finish meanwhile."""
-    hang = {"STALWART_FAULTS": f"hang_at_step={STOP_AT}"}
+    everything. The trainers hang at STOP_AT, so the job cannot finish meanwhile, and
+    take STEP_DELAY_S a step until then: a job that reaches STOP_AT before any
+    checkpoint completes is ordered one at STOP_AT + 1, which it never reaches (on a
+    fast idle machine the ten steps took well under the checkpoint round's time)."""
+    hang = {"STALWART_FAULTS": f"hang_at_step={STOP_AT},delay_s={STEP_DELAY_S}"}
     first = cluster.start(config(store_url, runs, trainers=2, env=hang))
     try:
         await cluster.wait_healthy(first, 600)
