@@ -204,7 +204,10 @@ class ParamWatch:
         for shard in self.shards():
             if shard in c.lost_groups:
                 continue  # a fresh replica claiming primary holds no state: restore first
-            primary = promotion.live_primary(self.group(shard), c.groups.get(shard, ("", 0))[1])
+            primary_id, recorded_epoch = c.groups.get(shard, ("", 0))
+            primary = promotion.live_primary(
+                self.group(shard), recorded_epoch, primary_id, self._committed(shard)
+            )
             if primary is not None and c.groups.get(shard) != (primary.node_id, primary.epoch):
                 c.groups[shard] = (primary.node_id, primary.epoch)
                 c._dirty_groups.add(shard)
@@ -216,15 +219,18 @@ class ParamWatch:
             if shard in c.lost_groups:
                 continue  # restored from a checkpoint (checkpoints.py), never promoted empty
             primary_id, recorded_epoch = c.groups.get(shard, ("", 0))
-            committed = frozenset(
-                j.job_id for j in c.live_jobs.values()
-                if not j.finished and shard < j.num_shards and j.step > 0
-            )  # fmt: skip
             decided = promotion.decide(
-                self.group(shard), primary_id, committed, self.backups, recorded_epoch
+                self.group(shard), primary_id, self._committed(shard), self.backups, recorded_epoch
             )
             out += [(shard, d) for d in decided]
         return out
+
+    def _committed(self, shard: int) -> frozenset[str]:
+        """The live jobs with committed steps on ``shard`` (their state exists there)."""
+        return frozenset(
+            j.job_id for j in self.control.live_jobs.values()
+            if not j.finished and shard < j.num_shards and j.step > 0
+        )  # fmt: skip
 
     def _progress(self) -> None:
         """Each active job's committed step is the lowest version among its shards' primaries."""

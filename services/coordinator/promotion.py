@@ -75,7 +75,12 @@ def progress_key(replica: ReplicaView) -> tuple[int, int, str]:
     return (sum(replica.versions.values()), replica.epoch, replica.node_id)
 
 
-def live_primary(group: Sequence[ReplicaView], recorded_epoch: int = 0) -> ReplicaView | None:
+def live_primary(
+    group: Sequence[ReplicaView],
+    recorded_epoch: int = 0,
+    recorded_id: str = "",
+    committed: frozenset[str] = frozenset(),
+) -> ReplicaView | None:
     """The live replica claiming primary at the group's newest epoch, if any.
 
     The newest epoch is the highest any replica of the group reported (dead ones
@@ -84,9 +89,27 @@ def live_primary(group: Sequence[ReplicaView], recorded_epoch: int = 0) -> Repli
     primary back from a partition that nobody told it was replaced. It never
     counts as the primary (it would serve the state it had when it was cut off);
     it is a replica like a spare, made a backup of the real primary when one is
-    added."""
+    added.
+
+    A claim at the recorded epoch by another node than the recorded primary
+    (``recorded_id``) counts only when that replica holds every job with committed
+    steps on the group (``committed``): a promotion always raises the epoch, so such a
+    claim comes from a fresh replica started as primary, which would serve empty
+    state if adopted (the group is lost instead, and restored from a checkpoint)."""
     newest = max([recorded_epoch, *(r.epoch for r in group)])
-    primaries = [r for r in group if r.alive and r.role == "primary" and r.epoch >= newest]
+    primaries = [
+        r
+        for r in group
+        if r.alive
+        and r.role == "primary"
+        and r.epoch >= newest
+        and (
+            r.epoch > recorded_epoch
+            or not recorded_id
+            or r.node_id == recorded_id
+            or committed <= r.versions.keys()
+        )
+    ]
     return max(primaries, key=lambda r: r.epoch, default=None)
 
 
@@ -100,7 +123,7 @@ def decide(
     """What to do for one shard group whose recorded primary is ``primary_id`` (at
     ``recorded_epoch``); ``committed``: jobs with committed steps on this group (their
     state exists); ``wanted``: backups the primary should have (0: every live replica)."""
-    primary = live_primary(group, recorded_epoch)
+    primary = live_primary(group, recorded_epoch, primary_id, committed)
     if primary is not None:
         return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)

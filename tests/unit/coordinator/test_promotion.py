@@ -115,6 +115,44 @@ def test_a_new_leader_does_not_promote_a_fresh_replica_over_committed_jobs() -> 
     assert isinstance(decision, GroupLost)
 
 
+def test_a_fresh_replica_started_as_primary_is_not_adopted_over_committed_jobs() -> None:
+    # a fresh pair started for the group, its primary claiming epoch 1 like the old
+    # primary did, registered a moment before the old pair was found dead: adopting
+    # it would serve empty state to a job at step 8
+    group = [
+        ReplicaView("old-p", "a:1", False, "primary", 1, {"j": 8}, ("a:2",)),
+        ReplicaView("old-b", "a:2", False, "backup", 1, {"j": 8}),
+        ReplicaView("new-p", "a:3", True, "primary", 1, {}),
+        ReplicaView("new-b", "a:4", True, "backup", 1, {}),
+    ]
+    committed = frozenset({"j"})
+    assert live_primary(group, 1, "old-p", committed) is None
+    assert decide(group, "old-p", committed, recorded_epoch=1) == [
+        GroupLost("primary dead and no live backup")
+    ]
+    # with the old primary alive, the fresh claim is no rival for it either
+    group[0] = ReplicaView("old-p", "a:1", True, "primary", 1, {"j": 8}, ("a:2",))
+    assert live_primary(group, 1, "old-p", committed) == group[0]
+
+
+@pytest.mark.parametrize(
+    ("recorded_id", "committed", "versions"),
+    [
+        ("", frozenset({"j"}), {}),  # no primary recorded yet: the first claim
+        ("old-p", frozenset(), {}),  # nothing committed on the group: nothing to lose
+        ("old-p", frozenset({"j"}), {"j": 8}),  # it holds the jobs (a restore put them)
+    ],
+)
+def test_a_claim_at_the_recorded_epoch_by_another_node_counts_when_nothing_is_lost(
+    recorded_id, committed, versions
+) -> None:
+    group = [
+        ReplicaView("old-p", "a:1", False, "primary", 1, {}),
+        ReplicaView("new-p", "a:3", True, "primary", 1, versions),
+    ]
+    assert live_primary(group, 1, recorded_id, committed) == group[1]
+
+
 def quarantined(node_id, role, **kw):
     view = r(node_id, role, alive=False, **kw)
     return ReplicaView(*[getattr(view, f) for f in ("node_id", "address", "alive", "role",
