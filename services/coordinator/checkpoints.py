@@ -34,8 +34,10 @@ made under it and flushed under the coordinator epoch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -54,10 +56,30 @@ log = structlog.get_logger(__name__)
 
 STATUS_TIMEOUT_S = 1.0
 PAST_RETRIES = 5  # on-command orders re-aimed when a commit overtook them
+# A periodic order waits this long for the job to reach its version, then is aimed
+# again: a slow job is not counted as a failed order (which skips a mark), and a job
+# that stopped short of the version is checkpointed where it stands (ckptplan)
+ORDER_REACH_S = 10.0
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark a dropped future's outcome as seen (asyncio logs one never retrieved)."""
+    with contextlib.suppress(asyncio.CancelledError):
+        future.exception()
 
 
 class NotHeldYet(StalwartError):
     """A shard primary does not hold the job yet (its model was not registered there)."""
+
+
+@dataclass
+class _Marks:
+    """What the periodic orders of one job remember between ticks (ckptplan.next_order)."""
+
+    last_saved: int = -1  # newest checkpoint's version; -1 until learnt from the store
+    last_failed: int = -1  # the last order that failed other than by being overtaken
+    aimed: int = -1  # the order under way
+    seen: int = -1  # the version the previous look at the primaries found
 
 
 class Checkpoints:
@@ -77,11 +99,7 @@ class Checkpoints:
         self.tier = TierPolicy(settings.durable_every if settings.durable_url else 0)
         self._job_locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, asyncio.Task] = {}
-        # per job: newest checkpoint's version (learnt from the store by a new leader),
-        # last order that failed other than by being overtaken, and the last one aimed
-        self._last_saved: dict[str, int] = {}
-        self._last_failed: dict[str, int] = {}
-        self._aimed: dict[str, int] = {}
+        self._marks: dict[str, _Marks] = {}  # by job id
         self._restore_lock = asyncio.Lock()
         self._restoring: asyncio.Task | None = None
 
@@ -158,6 +176,8 @@ class Checkpoints:
                 and j.job_id not in self._inflight
                 and not self._lost(j)
             ]
+            for gone in self._marks.keys() - self.c.live_jobs.keys():
+                del self._marks[gone]  # a new leader or a resume learns them again
         if self._restoring is not None and not self._restoring.done():
             return  # a restore rewinds versions: order nothing meanwhile
         for job_id in due:
@@ -165,21 +185,32 @@ class Checkpoints:
             self._inflight[job_id] = task
             task.add_done_callback(lambda _t, j=job_id: self._inflight.pop(j, None))
 
+    def _marks_of(self, job_id: str) -> _Marks:
+        return self._marks.setdefault(job_id, _Marks())
+
     def _lost(self, job: jobs.Job) -> bool:
         return any(k in self.c.lost_groups for k in range(job.num_shards))
 
     async def _periodic(self, job_id: str) -> None:
         """One periodic checkpoint of ``job_id`` when one is due (ckptplan.next_order)."""
-        self._aimed.pop(job_id, None)
+        marks = self._marks_of(job_id)
+        marks.aimed = -1
         try:
             async with self.c.lock:
                 job = self.c.job(job_id)
                 targets = self._primaries(job)
-            if self._aim(job, await self._version(job_id, targets)) is None:
+            version = await self._version(job_id, targets)
+            stalled_at = version if version == marks.seen else None
+            marks.seen = version
+            if self._aim(job, version, stalled=version == stalled_at) is None:
                 return  # nothing due before the last step: no store work
             # aimed again once the store work is done, at the version the primaries
             # hold then: a fast job would otherwise overtake a catch-up order
-            await self.save(job_id, lambda now: self._aim(job, now, announce=True))
+            await self.save(
+                job_id,
+                lambda now: self._aim(job, now, announce=True, stalled=now == stalled_at),
+                reach_s=ORDER_REACH_S,
+            )
         except NotHeldYet as exc:
             # a new job whose model has not reached its paramservers yet: asked again
             # next tick, and no order failed (the back-off of _failed stays as it was)
@@ -188,26 +219,29 @@ class Checkpoints:
             if exc.kind.reason != "NOT_LEADER":
                 self._failed(job_id, exc)
         except RpcError as exc:
-            if exc.kind is ErrorKind.FAILED_PRECONDITION:  # overtaken: aim again next tick
-                log.info("periodic checkpoint overtaken", job=job_id, error=str(exc))
+            if exc.kind is ErrorKind.FAILED_PRECONDITION:  # overtaken or not reached yet
+                log.debug("periodic checkpoint aims again", job=job_id, error=str(exc))
             else:
                 self._failed(job_id, exc)
 
-    def _aim(self, job: jobs.Job, current: int, announce: bool = False) -> int | None:
+    def _aim(
+        self, job: jobs.Job, current: int, announce: bool = False, stalled: bool = False
+    ) -> int | None:
+        marks = self._marks_of(job.job_id)
         order = ckptplan.next_order(current, job.spec.checkpoint_interval, job.steps,
-                                    self._last_saved.get(job.job_id, -1),
-                                    self._last_failed.get(job.job_id, -1))  # fmt: skip
+                                    marks.last_saved, marks.last_failed, stalled)  # fmt: skip
         if order is None:
             return None
         if announce and order.passed:
             log.info("periodic checkpoint covers passed marks", job=job.job_id, at=order.at,
-                     version=current, passed=order.passed)  # fmt: skip
-        self._aimed[job.job_id] = order.at
+                     version=current, passed=order.passed, stalled=stalled)  # fmt: skip
+        marks.aimed = order.at
         return order.at
 
     def _failed(self, job_id: str, exc: Exception) -> None:
         """Back off: the next order is at a mark above this one (ckptplan.next_order)."""
-        self._last_failed[job_id] = self._aimed.get(job_id, -1)
+        marks = self._marks_of(job_id)
+        marks.last_failed = marks.aimed
         log.warning("periodic checkpoint failed", job=job_id, error=str(exc))
 
     async def create(self, job_id: str) -> common.CheckpointManifest:
@@ -258,12 +292,14 @@ class Checkpoints:
         return version
 
     async def save(
-        self, job_id: str, at: int | Callable[[int], int | None]
+        self, job_id: str, at: int | Callable[[int], int | None], reach_s: float = 0.0
     ) -> common.CheckpointManifest | None:
         """Checkpoint every shard of ``job_id`` at version ``at`` and publish it.
 
         ``at`` may be ``aim(version)``, called once the store is ready with the
-        version the primaries hold then; when it returns None nothing is saved."""
+        version the primaries hold then; when it returns None nothing is saved.
+        ``reach_s``: how long the primaries wait for ``at`` before answering
+        FAILED_PRECONDITION (0: for the whole call)."""
         async with self._job_lock(job_id):
             async with self.c.lock:
                 job = self.c.job(job_id)
@@ -282,13 +318,18 @@ class Checkpoints:
                 self._fingerprint(address, job_id, at)
                 for group in voters.values() for address in group.values()
             ), return_exceptions=True)  # fmt: skip
-            parts = await asyncio.gather(*(
-                self._call(address, "SaveCheckpoint", paramserver.SaveCheckpointRequest(
-                    job_id=job_id, checkpoint_id=checkpoint_id, store_url=self.url,
-                    parent_id=parent, at_version=at, epoch=epoch,
-                ), self.settings.checkpoint_timeout_seconds)
-                for _, address, epoch in targets
-            ))  # fmt: skip
+            try:
+                parts = await asyncio.gather(*(
+                    self._call(address, "SaveCheckpoint", paramserver.SaveCheckpointRequest(
+                        job_id=job_id, checkpoint_id=checkpoint_id, store_url=self.url,
+                        parent_id=parent, at_version=at, epoch=epoch, reach_timeout_seconds=reach_s,
+                    ), self.settings.checkpoint_timeout_seconds)
+                    for _, address, epoch in targets
+                ))  # fmt: skip
+            except BaseException:
+                printing.cancel()  # the replicas' fingerprints wait for a version nobody saves
+                printing.add_done_callback(_retrieved)
+                raise
             verdicts = self._judge(targets, voters, await printing, at)
             await self._act_on(job_id, at, verdicts)
             refused = [
@@ -310,8 +351,8 @@ class Checkpoints:
                 gradient_dtype=spec.gradient_dtype,
             )  # fmt: skip
             await self._io(ckpt.publish, self.store(), manifest)
-            self._last_saved[job_id] = max(self._last_saved.get(job_id, 0), at)
-            self._last_failed.pop(job_id, None)
+            marks = self._marks_of(job_id)
+            marks.last_saved, marks.last_failed = max(marks.last_saved, at), -1
             seconds = time.monotonic() - started
             taken = await self._record_saved(manifest, seconds)
             await self._after_save(manifest, taken)
@@ -324,7 +365,9 @@ class Checkpoints:
         (RESOURCE_EXHAUSTED) when even that is not enough: training goes on and
         the newest checkpoint stays. A new leader learns the newest version here."""
         newest = await self.list(job_id)
-        self._last_saved.setdefault(job_id, newest[0].step if newest else 0)
+        marks = self._marks_of(job_id)
+        if marks.last_saved < 0:
+            marks.last_saved = newest[0].step if newest else 0
         others = [j for j in self.c.jobs if j != job_id]
         needed = newest[0].total_bytes if newest else 0
         await self._io(lambda: ckpt.make_room(self.store(), job_id, needed, live_jobs=others))
@@ -497,8 +540,8 @@ class Checkpoints:
                 self.c.restore_generation += 1
                 self.c._advance(job, jobs.Rewind(manifest.step), now)
                 self.c._dirty_jobs.add(job_id)
-                self._last_saved[job_id] = manifest.step  # the marks count from here again
-                self._last_failed.pop(job_id, None)
+                # the marks count from here again
+                self._marks[job_id] = _Marks(last_saved=manifest.step)
                 self.c.events.add(EV.EVENT_KIND_CHECKPOINT_RESTORED,
                                   f"job {job_id} restored from {manifest.checkpoint_id} at step "
                                   f"{manifest.step} ({why}); "

@@ -24,14 +24,20 @@ class Order:
 
 
 def next_order(
-    current: int, interval: int, steps: int, last_saved: int, last_failed: int = -1
+    current: int,
+    interval: int,
+    steps: int,
+    last_saved: int,
+    last_failed: int = -1,
+    stalled: bool = False,
 ) -> Order | None:
     """The next periodic checkpoint of a job with ``checkpoint_interval = interval``.
 
     ``current``: the version its primaries hold now; ``last_saved``: the version of its
     newest checkpoint (-1 or 0: none); ``last_failed``: the version of the last order
-    that failed for a reason other than being overtaken (-1: none). A checkpoint is
-    due at every multiple of the interval (a mark):
+    that failed for a reason other than being overtaken (-1: none); ``stalled``: the
+    version has not moved since the leader last looked. A checkpoint is due at every
+    multiple of the interval (a mark):
 
     - the first mark above ``last_saved`` not reached yet: order it (the primaries
       snapshot when they get there);
@@ -40,6 +46,10 @@ def next_order(
       (``current`` itself at the last step, which nothing moves past). Strictly
       above otherwise: in sync mode nothing holds training while the order travels,
       and the paramserver refuses a version it is already past;
+    - that mark passed and the job stalled (a hung trainer, a slot waiting for a
+      replacement): ``current`` itself, which the primaries hold now. ``current + 1``
+      might never come, and a job that hangs is the one that most needs its newest
+      checkpoint. Not again after an order at ``current`` itself failed;
     - after a failed order at or beyond that mark (store full or down, replicas that
       disagree), the first mark above both ``current`` and the failed one: a failing
       store is tried once an interval, not every tick.
@@ -51,7 +61,9 @@ def next_order(
     covered = max(last_saved, 0) // interval  # marks up to here have a checkpoint
     due = (covered + 1) * interval
     passed = max(0, current // interval - covered)
-    if last_failed >= due:
+    if stalled and due <= current and last_failed != current:
+        at = current
+    elif last_failed >= due:
         at = (max(current, last_failed) // interval + 1) * interval
     elif due > current:
         at = due

@@ -15,6 +15,7 @@ the backups. A bad chunk answers DATA_LOSS with nothing changed.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -144,21 +145,28 @@ async def save(host: JobHost, request: paramserver.SaveCheckpointRequest, contex
     host.check_client(request.epoch)
     _check_request_names(request.job_id, request.checkpoint_id, request.store_url)
     chunk_bytes = ckpt.check_chunk_bytes(request.chunk_size)
+    reach = _reach_timeout(request.reach_timeout_seconds)
     job = host.job(request.job_id)
     loop = asyncio.get_running_loop()
     # open (connect) before taking the lock: an unreachable store fails fast
     await loop.run_in_executor(_UPLOADS, STORES.get, request.store_url)
     timeout = context.time_remaining() or host.sync_wait_s
+    bounded = 0 < reach < timeout  # the caller asked to hear back before its deadline
     async with job.lock:
         _refuse_if_past(job, request.at_version)
         try:
             await asyncio.wait_for(
-                job.committed.wait_for(lambda: job.model.version >= request.at_version), timeout
+                job.committed.wait_for(lambda: job.model.version >= request.at_version),
+                reach if bounded else timeout,
             )
         except TimeoutError:
+            # within the asked reach: the caller aims again (a job that stopped moving
+            # is snapshot where it stands); at the call's deadline: it gave up
+            kind = ErrorKind.FAILED_PRECONDITION if bounded else ErrorKind.DEADLINE_EXCEEDED
+            within = f" within {reach:g}s" if bounded else ""
             raise StalwartError(
-                ErrorKind.DEADLINE_EXCEEDED,
-                f"version {request.at_version} not reached (at {job.model.version})",
+                kind,
+                f"version {request.at_version} not reached{within} (at {job.model.version})",
             ) from None
         _refuse_if_past(job, request.at_version)  # another commit got the lock first
         held = time.perf_counter()
@@ -197,6 +205,15 @@ async def save(host: JobHost, request: paramserver.SaveCheckpointRequest, contex
         consistency=snapshot.header.consistency,
         num_slots=snapshot.header.num_slots,
     )
+
+
+def _reach_timeout(seconds: float) -> float:
+    if not math.isfinite(seconds) or seconds < 0:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"reach_timeout_seconds must be a finite number >= 0, got {seconds}",
+        )
+    return seconds
 
 
 def _refuse_if_past(job: JobRuntime, at_version: int) -> None:

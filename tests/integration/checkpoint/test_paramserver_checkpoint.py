@@ -299,6 +299,33 @@ async def test_kill_mid_upload_leaves_no_visible_checkpoint(launcher, store_url:
             await asyncio.to_thread(store.close)
 
 
+async def test_a_version_not_reached_within_the_reach_is_refused(group, shm_url: str) -> None:
+    """reach_timeout_seconds bounds the wait for at_version: FAILED_PRECONDITION, nothing
+    saved, the job's lock free again (the leader aims its order again, and saves a job
+    that stopped moving where it stands)."""
+    job, seed = f"reach-{uuid.uuid4().hex[:8]}", 13
+    primary, backup = group
+    client = group_client([primary.address, backup.address])
+    async with stubs() as stub_for:
+        stub = stub_for(primary.address)
+        await _register(client, job, seed)
+        await _train(client, job, seed, range(2))
+        for bad in (-1.0, float("nan"), float("inf")):
+            request = _save_request(job, "bad", shm_url, 2)
+            request.reach_timeout_seconds = bad
+            await expect_error(stub.SaveCheckpoint(request, timeout=10),
+                               grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")  # fmt: skip
+        ahead = _save_request(job, "c9", shm_url, 9)
+        ahead.reach_timeout_seconds = 0.2
+        err = await expect_error(stub.SaveCheckpoint(ahead, timeout=30),
+                                 grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION")  # fmt: skip
+        assert "version 9 not reached within 0.2s (at 2)" in err.message
+        here = _save_request(job, "c2", shm_url, 2)
+        here.reach_timeout_seconds = 0.2
+        part = await call(stub.SaveCheckpoint(here, timeout=30))
+        assert part.shard.version == 2
+
+
 async def test_load_refuses_a_manifest_of_another_shard(group, shm_url: str) -> None:
     job = f"shard-{uuid.uuid4().hex[:8]}"
     primary, _ = group

@@ -30,7 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 JOB = "durable"
 STOP_AT = 10  # phase one's trainers stop making progress here
-STEP_DELAY_S = 0.3  # and each of their steps until then takes this much longer
 
 
 def config(store_url: str, runs: Path, trainers: int, env=None) -> cluster.ClusterConfig:
@@ -41,11 +40,12 @@ def config(store_url: str, runs: Path, trainers: int, env=None) -> cluster.Clust
 
 async def run_part_way(store_url: str, runs: Path, gradients: str) -> coordinator.JobSpec:
     """Phase one: submit from the CLI, train to step STOP_AT and its checkpoint, stop
-    everything. The trainers hang at STOP_AT, so the job cannot finish meanwhile, and
-    take STEP_DELAY_S a step until then: a job that reaches STOP_AT before any
-    checkpoint completes is ordered one at STOP_AT + 1, which it never reaches (on a
-    fast idle machine the ten steps took well under the checkpoint round's time)."""
-    hang = {"STALWART_FAULTS": f"hang_at_step={STOP_AT},delay_s={STEP_DELAY_S}"}
+    everything. The trainers hang at STOP_AT, so the job cannot finish meanwhile. On a
+    fast machine the job passes marks before a save completes, and its catch-up order
+    is at STOP_AT + 1, which it never reaches: the leader then saves it where it
+    stands (ckptplan.next_order, stalled), so the newest checkpoint is at STOP_AT
+    whichever way the race goes."""
+    hang = {"STALWART_FAULTS": f"hang_at_step={STOP_AT}"}
     first = cluster.start(config(store_url, runs, trainers=2, env=hang))
     try:
         await cluster.wait_healthy(first, 600)
@@ -60,8 +60,7 @@ async def run_part_way(store_url: str, runs: Path, gradients: str) -> coordinato
                 job = await client.get_job(JOB)
                 listing = await client.list_checkpoints(JOB)
                 newest = listing.checkpoints[0].step if listing.checkpoints else -1
-                # an upload still running when a checkpoint falls due skips that one
-                assert job.step == STOP_AT and newest > 0, (job.step, newest)
+                assert job.step == STOP_AT and newest == STOP_AT, (job.step, newest)
                 return job
 
             job = await assert_eventually_async(checkpointed, timeout=300, interval=0.2)

@@ -1,6 +1,7 @@
 """When the leader orders a periodic checkpoint (ckptplan.next_order): at every multiple
-of the interval the job reaches, and at once (the newest version the primaries can
-still snapshot) when the job went past one while the last save was under way."""
+of the interval the job reaches, at once (the newest version the primaries can still
+snapshot) when the job went past one while the last save was under way, and at the
+version it stands at when it went past one and stopped moving."""
 
 from __future__ import annotations
 
@@ -32,6 +33,23 @@ N, STEPS = 4, 20
 )
 def test_next_order(current, last_saved, last_failed, want) -> None:
     assert next_order(current, N, STEPS, last_saved, last_failed) == want
+
+
+@pytest.mark.parametrize(
+    ("current", "last_saved", "last_failed", "want"),
+    [
+        (9, 4, -1, Order(9, passed=1)),  # past mark 8 and hung: the version it holds
+        (8, 4, -1, Order(8, passed=1)),  # hung right at the mark
+        (13, 4, -1, Order(13, passed=2)),
+        (9, 4, 10, Order(9, passed=1)),  # the order at 10 timed out: 10 never comes
+        (9, 4, 9, Order(12, passed=1)),  # the order at 9 itself failed: back off
+        (6, 4, -1, Order(8)),  # no mark passed: the next one, as when moving
+        (5, -1, -1, Order(5, passed=1)),  # no checkpoint yet
+        (20, 16, -1, Order(20, passed=1)),
+    ],
+)
+def test_a_stalled_job_is_checkpointed_where_it_stands(current, last_saved, last_failed, want):
+    assert next_order(current, N, STEPS, last_saved, last_failed, stalled=True) == want
 
 
 def test_no_interval_no_checkpoints() -> None:
