@@ -66,7 +66,11 @@ async def run(settings: CoordinatorSettings) -> None:
     probe = dataclasses.replace(channels, retry_unavailable=False)
     links = ReplicaLinks(lambda a: open_channel(a, probe, token))
     watch = ParamWatch(
-        control, links, settings.paramserver_unreachable_polls, settings.paramserver_backups
+        control,
+        links,
+        settings.paramserver_unreachable_polls,
+        settings.paramserver_backups,
+        settings.hung_step_seconds,
     )
     node_probe = NodeProbe(control, links.channel, settings.heartbeat_interval_seconds)
     checkpoint_links = ReplicaLinks(lambda a: open_channel(a, channels, token))

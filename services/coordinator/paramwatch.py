@@ -15,7 +15,7 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from services.coordinator import jobs, promotion
+from services.coordinator import hangwatch, jobs, promotion
 from services.coordinator.control import EV, Control
 from services.coordinator.convert import REPLICA_ROLES_BACK
 from services.coordinator.membership import NodeState, Role
@@ -118,14 +118,23 @@ def refused(answer: BaseException) -> bool:
 
 class ParamWatch:
     def __init__(
-        self, control: Control, links: ReplicaLinks, unreachable_polls: int, backups: int = 0
+        self,
+        control: Control,
+        links: ReplicaLinks,
+        unreachable_polls: int,
+        backups: int = 0,
+        hung_step_seconds: float = 0.0,
     ) -> None:
         self.control = control
         self.links = links
         self.unreachable_polls = unreachable_polls
         self.backups = backups  # wanted per group; 0: every live replica
+        self.hung_step_seconds = hung_step_seconds  # 0: hung trainers are not looked for
         self._failures: dict[str, int] = {}  # consecutive refused polls
         self._slow: dict[str, int] = {}  # consecutive polls that got no answer in time
+        # per paramserver, per synchronous job it holds: the slots pushed for its step
+        self._pushed: dict[str, dict[str, frozenset[int]]] = {}
+        self._still = hangwatch.StillSince()
 
     async def round(self) -> None:
         """One poll of every live paramserver, then the decisions it calls for."""
@@ -141,12 +150,21 @@ class ParamWatch:
             for (node_id, address), answer in zip(targets, answers, strict=True):
                 self._fold(node_id, address, answer)
             self._adopt_live_primaries()
+            hung: list[hangwatch.Hung] = []
             if generation == c.restore_generation:  # answers from before a rewind are stale
                 self._progress()
+                hung = self._hung(time.monotonic())
             decisions = self._decisions()
             await c._flush()
         for shard, decision in decisions:
             await self._execute(shard, decision)
+        for h in hung:
+            log.warning("trainer hung; draining it", node=h.node_id, job=h.job_id, step=h.step,
+                        slots=list(h.slots), still_s=round(h.still_s, 1))  # fmt: skip
+            try:
+                await c.drain_node(h.node_id, h.reason)
+            except StalwartError as exc:  # no longer leading, or the node just went
+                log.warning("could not drain a hung trainer", node=h.node_id, error=str(exc))
         if c.checkpoints is not None:
             c.checkpoints.restore_lost_groups()
 
@@ -156,6 +174,7 @@ class ParamWatch:
         if node is None:
             return
         if isinstance(answer, BaseException):
+            self._pushed.pop(node_id, None)  # unknown now: no trainer is judged on it
             if not refused(answer):
                 # No answer in time: paused, overloaded or cut off. It may still be
                 # working, so only the failure detector (its heartbeats) decides.
@@ -168,6 +187,11 @@ class ParamWatch:
             return
         self._failures[node_id] = 0
         self._slow[node_id] = 0
+        self._pushed[node_id] = {
+            j.job_id: frozenset(j.pushed_slots)
+            for j in answer.jobs
+            if j.mode == common.CONSISTENCY_MODE_SYNC
+        }
         role = REPLICA_ROLES_BACK.get(answer.role, "")
         c.views[node_id] = promotion.ReplicaView(
             node_id, address, True, role, answer.epoch,
@@ -242,6 +266,47 @@ class ParamWatch:
             versions = [self._primary_version(k, job.job_id) for k in range(job.num_shards)]
             if versions and all(v is not None for v in versions):
                 c._advance(job, jobs.Progress(min(versions)), now)
+
+    def _hung(self, now: float) -> list[hangwatch.Hung]:
+        """The trainers that hold up a synchronous job's step (hangwatch.py)."""
+        c = self.control
+        running = [j for j in c.live_jobs.values() if j.state is jobs.JobState.RUNNING]
+        self._still.keep_only([j.job_id for j in running])
+        if self.hung_step_seconds <= 0:
+            return []
+        busy = {s.node_id: j.job_id for j in running for s in j.slots if s.node_id}
+        out = []
+        for job in running:
+            holders = {s.index: s.node_id for s in job.slots if s.node_id}
+            still = self._still.observe(job.job_id, (job.step, tuple(sorted(holders.items()))), now)
+            pushed = self._pushed_for(job)
+            if pushed is None:
+                continue  # not synchronous, or a primary's answer is missing or elsewhere
+            suspects = {n for k, n in holders.items() if k not in pushed}
+            others = sum(
+                1 for n in c.members.alive(Role.TRAINER)
+                if n.state is NodeState.ALIVE and n.node_id not in suspects
+                and busy.get(n.node_id, job.job_id) == job.job_id
+            )  # fmt: skip
+            slowest = max((c.members.nodes[n].step_time_ema for n in holders.values()
+                           if n in c.members.nodes), default=0.0)  # fmt: skip
+            limit = hangwatch.limit_s(self.hung_step_seconds, slowest)
+            found = hangwatch.hung_holders(
+                job.job_id, job.step, still, limit, holders, pushed, others
+            )
+            out += [h for h in found if c.members.nodes[h.node_id].state is NodeState.ALIVE]
+        return out
+
+    def _pushed_for(self, job: jobs.Job) -> frozenset[int] | None:
+        """The slots pushed for ``job``'s step on every shard (None when unknown)."""
+        pushed: frozenset[int] | None = None
+        for shard in range(job.num_shards):
+            primary_id = self.control.groups.get(shard, ("", 0))[0]
+            here = self._pushed.get(primary_id, {}).get(job.job_id)
+            if here is None or self._primary_version(shard, job.job_id) != job.step:
+                return None
+            pushed = here if pushed is None else pushed & here
+        return pushed
 
     def _primary_version(self, shard: int, job_id: str) -> int | None:
         c = self.control

@@ -102,6 +102,12 @@ class CoordinatorSettings(ServiceSettings):
     keep_checkpoints: int = Field(default=3, ge=1)
     """Checkpoints kept per job; older ones and the chunks only they use are deleted."""
 
+    hung_step_seconds: float = Field(default=300.0, ge=0)
+    """A synchronous job's step that stands still this long (or ten of its slowest
+    trainer's steps, if longer) while some of its slots' pushes are missing: their
+    trainers are drained as hung, and a standby or another trainer takes the slots.
+    0 turns this off (services/coordinator/hangwatch.py)."""
+
     checkpoint_timeout_seconds: float = Field(default=120.0, gt=0)
     """Longest one checkpoint (every shard's snapshot and upload) or restore may take."""
 

@@ -178,6 +178,12 @@ class JobModel:
             return None
         return [Entry(step, s, self.pending[(step, s)][0]) for s in range(self.rules.num_slots)]
 
+    def pushed_slots(self) -> list[int]:
+        """Synchronous jobs: the slots whose push for the step at this version arrived."""
+        if self.rules.mode is not Mode.SYNC:
+            return []
+        return sorted(slot for step, slot in self.pending if step == self.version)
+
     @property
     def forwards_sums(self) -> bool:
         """Does the primary forward this job's updates summed (one transfer per step

@@ -489,6 +489,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             num_slots=m.rules.num_slots,
             mode=m.header.consistency.mode,
             state_bytes=m.state_bytes(),
+            pushed_slots=m.pushed_slots(),
         )
 
     @rpc_handler

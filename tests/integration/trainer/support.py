@@ -60,12 +60,12 @@ def wait_exit(proc, timeout: float) -> int:
     return proc.returncode
 
 
-async def coordinated_paramservers(procs) -> tuple[tuple[str, str], list]:
-    """A leading coordinator and a paramserver pair joined to it: (the trainers'
-    ``--coordinator`` flags, [primary, backup])."""
+async def coordinated_paramservers(procs, *coordinator_args: str) -> tuple[tuple[str, str], list]:
+    """A leading coordinator (started with ``coordinator_args``) and a paramserver pair
+    joined to it: (the trainers' ``--coordinator`` flags, [primary, backup])."""
     from tests.integration.coordinator.support import wait_leader
 
-    coord = procs.coordinator("c1")
+    coord = procs.coordinator("c1", *coordinator_args)
     await wait_leader(coord.address)
     join = ("--coordinator", coord.address)
     backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)

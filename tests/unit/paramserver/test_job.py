@@ -244,10 +244,12 @@ def test_sync_buffers_until_every_slot_pushed():
     init = initial_params()
     before = {n: t.clone() for n, t in job.params.items()}
     grads = [grads_for(init, 0, s) for s in range(NUM_SLOTS)]
+    assert job.pushed_slots() == []
     for slot in (2, 0):
         assert job.judge(0, slot, 0, crc=slot) is Verdict.ACCEPT
         job.stage(0, slot, slot, own(grads[slot]))
         assert job.ready_entries(0, slot) is None
+    assert job.pushed_slots() == [0, 2]  # what GetReplicaStatus reports: slot 1 is missing
     assert_same_tensors(job.params, before)
     assert job.version == 0
     job.stage(0, 1, 1, own(grads[1]))
@@ -257,6 +259,7 @@ def test_sync_buffers_until_every_slot_pushed():
     assert not job.has_entries([Entry(0, 1, 99)])
     assert job.apply(entries) == 1
     assert job.pending == {}
+    assert job.pushed_slots() == []  # none yet for the next step
     assert job.clocks == [1, 1, 1]
     assert not torch.equal(job.params["fc.weight"], before["fc.weight"])
 
