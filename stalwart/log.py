@@ -19,6 +19,18 @@ import structlog
 _configured = False
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging was set
+    up: a harness that swaps it (pytest's capture) and closes the old one must not
+    leave every later log line failing with "I/O operation on closed file"."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", service: str = "stalwart", node_id: str = "") -> None:
     """Set up structlog (and stdlib logging) once per process; later calls do nothing."""
     global _configured
@@ -47,7 +59,7 @@ def configure_logging(level: str = "info", service: str = "stalwart", node_id: s
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),
         cache_logger_on_first_use=True,
     )
     _route_stdlib(numeric, shared)
@@ -56,7 +68,7 @@ def configure_logging(level: str = "info", service: str = "stalwart", node_id: s
 def _route_stdlib(level: int, shared: list[Any]) -> None:
     # grpc, asyncio and libraries log through stdlib logging; render them as the
     # same JSON lines so a log shipper sees one format.
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(_Stderr())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
