@@ -149,12 +149,15 @@ class ParamWatch:
             c.require_leader()
             for (node_id, address), answer in zip(targets, answers, strict=True):
                 self._fold(node_id, address, answer)
-            self._adopt_live_primaries()
             hung: list[hangwatch.Hung] = []
-            if generation == c.restore_generation:  # answers from before a rewind are stale
+            decisions: list[tuple[int, promotion.Decision]] = []
+            # Answers from before a restore may predate its load: a restored primary
+            # would look empty and be replaced, so they decide nothing.
+            if generation == c.restore_generation:
+                self._adopt_live_primaries()
                 self._progress()
                 hung = self._hung(time.monotonic())
-            decisions = self._decisions()
+                decisions = self._decisions()
             await c._flush()
         for shard, decision in decisions:
             await self._execute(shard, decision)
