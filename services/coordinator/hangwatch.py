@@ -1,4 +1,4 @@
-"""Hung trainers: a synchronous step that stands still because a slot's push never comes.
+"""Hung trainers and wedged primaries: a synchronous step that stands still.
 
 A trainer can hang and go on heartbeating (a wedged device call, a deadlock in
 the job's data loading, a read from a stalled network file system): its lease
@@ -12,8 +12,12 @@ for any drain; a push the hung process sends later is a duplicate of the new
 holder's (pushes are keyed by step and slot).
 
 Nothing is drained when no other trainer could take the work: that would only
-turn a wait that may still end into a job with no trainer at all. Plain
-functions and one small tracker; ParamWatch calls them after each poll.
+turn a wait that may still end into a job with no trainer at all.
+
+When every slot's push has arrived and the step still does not commit for as
+long, the primary's commit path is wedged (its server answers, its job does not
+move): its group fails over to a backup it replicated to, as if it had died.
+Plain functions and one small tracker; ParamWatch calls them after each poll.
 """
 
 from __future__ import annotations
@@ -70,6 +74,17 @@ def hung_holders(
         if slot not in pushed:
             missing.setdefault(node_id, []).append(slot)
     return [Hung(n, job_id, step, tuple(slots), still_s) for n, slots in missing.items()]
+
+
+def stuck_shards(
+    still_s: float, limit: float, num_slots: int, pushed_by_shard: Mapping[int, Collection[int]]
+) -> list[int]:
+    """The shard groups whose primary holds every slot's push for the step and has not
+    committed it for ``limit`` seconds (``pushed_by_shard``: shards at the job's step)."""
+    if limit <= 0 or still_s < limit:
+        return []
+    every = set(range(num_slots))
+    return sorted(k for k, pushed in pushed_by_shard.items() if every <= set(pushed))
 
 
 class StillSince:

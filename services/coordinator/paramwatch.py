@@ -9,6 +9,7 @@ job's committed version (the primaries' version) to the job state machine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -150,17 +151,20 @@ class ParamWatch:
             for (node_id, address), answer in zip(targets, answers, strict=True):
                 self._fold(node_id, address, answer)
             hung: list[hangwatch.Hung] = []
+            wedged: list[int] = []
             decisions: list[tuple[int, promotion.Decision]] = []
             # Answers from before a restore may predate its load: a restored primary
             # would look empty and be replaced, so they decide nothing.
             if generation == c.restore_generation:
                 self._adopt_live_primaries()
                 self._progress()
-                hung = self._hung(time.monotonic())
+                hung, wedged = self._stalled_steps(time.monotonic())
                 decisions = self._decisions()
             await c._flush()
         for shard, decision in decisions:
             await self._execute(shard, decision)
+        for shard in wedged:
+            await self._fail_over_wedged(shard)
         for h in hung:
             log.warning("trainer hung; draining it", node=h.node_id, job=h.job_id, step=h.step,
                         slots=list(h.slots), still_s=round(h.still_s, 1))  # fmt: skip
@@ -270,46 +274,77 @@ class ParamWatch:
             if versions and all(v is not None for v in versions):
                 c._advance(job, jobs.Progress(min(versions)), now)
 
-    def _hung(self, now: float) -> list[hangwatch.Hung]:
-        """The trainers that hold up a synchronous job's step (hangwatch.py)."""
+    def _stalled_steps(self, now: float) -> tuple[list[hangwatch.Hung], list[int]]:
+        """The trainers that hold up a synchronous job's step, and the shard groups whose
+        primary holds every push of it without committing (hangwatch.py)."""
         c = self.control
         running = [j for j in c.live_jobs.values() if j.state is jobs.JobState.RUNNING]
         self._still.keep_only([j.job_id for j in running])
         if self.hung_step_seconds <= 0:
-            return []
-        busy = {s.node_id: j.job_id for j in running for s in j.slots if s.node_id}
-        out = []
+            return [], []
+        hung: list[hangwatch.Hung] = []
+        stuck: set[int] = set()
         for job in running:
             holders = {s.index: s.node_id for s in job.slots if s.node_id}
             still = self._still.observe(job.job_id, (job.step, tuple(sorted(holders.items()))), now)
-            pushed = self._pushed_for(job)
-            if pushed is None:
-                continue  # not synchronous, or a primary's answer is missing or elsewhere
-            suspects = {n for k, n in holders.items() if k not in pushed}
-            others = sum(
-                1 for n in c.members.alive(Role.TRAINER)
-                if n.state is NodeState.ALIVE and n.node_id not in suspects
-                and busy.get(n.node_id, job.job_id) == job.job_id
-            )  # fmt: skip
-            slowest = max((c.members.nodes[n].step_time_ema for n in holders.values()
-                           if n in c.members.nodes), default=0.0)  # fmt: skip
-            limit = hangwatch.limit_s(self.hung_step_seconds, slowest)
-            found = hangwatch.hung_holders(
-                job.job_id, job.step, still, limit, holders, pushed, others
-            )
-            out += [h for h in found if c.members.nodes[h.node_id].state is NodeState.ALIVE]
-        return out
+            by_shard = self._pushed_by_shard(job)
+            if not by_shard:
+                continue  # not synchronous, a primary's answer missing, or no shard at the step
+            limit = hangwatch.limit_s(self.hung_step_seconds, self._slowest(holders.values()))
+            pushed = frozenset.intersection(*by_shard.values())
+            hung += self._hung_holders(job, still, limit, holders, pushed, running)
+            stuck.update(hangwatch.stuck_shards(still, limit, job.num_slots, by_shard))
+        return hung, sorted(stuck)
 
-    def _pushed_for(self, job: jobs.Job) -> frozenset[int] | None:
-        """The slots pushed for ``job``'s step on every shard (None when unknown)."""
-        pushed: frozenset[int] | None = None
+    def _hung_holders(self, job, still, limit, holders, pushed, running) -> list[hangwatch.Hung]:
+        c = self.control
+        busy = {s.node_id: j.job_id for j in running for s in j.slots if s.node_id}
+        suspects = {n for k, n in holders.items() if k not in pushed}
+        others = sum(
+            1 for n in c.members.alive(Role.TRAINER)
+            if n.state is NodeState.ALIVE and n.node_id not in suspects
+            and busy.get(n.node_id, job.job_id) == job.job_id
+        )  # fmt: skip
+        found = hangwatch.hung_holders(job.job_id, job.step, still, limit, holders, pushed, others)
+        return [h for h in found if c.members.nodes[h.node_id].state is NodeState.ALIVE]
+
+    def _slowest(self, node_ids) -> float:
+        nodes = self.control.members.nodes
+        return max((nodes[n].step_time_ema for n in node_ids if n in nodes), default=0.0)
+
+    def _pushed_by_shard(self, job: jobs.Job) -> dict[int, frozenset[int]] | None:
+        """Per shard whose primary is at ``job``'s step: the slots pushed for it there
+        (shards already past it are left out). None when a primary's answer is missing
+        or the job is not synchronous."""
+        out = {}
         for shard in range(job.num_shards):
             primary_id = self.control.groups.get(shard, ("", 0))[0]
             here = self._pushed.get(primary_id, {}).get(job.job_id)
-            if here is None or self._primary_version(shard, job.job_id) != job.step:
+            version = self._primary_version(shard, job.job_id)
+            if here is None or version is None:
                 return None
-            pushed = here if pushed is None else pushed & here
-        return pushed
+            if version == job.step:
+                out[shard] = here
+        return out
+
+    async def _fail_over_wedged(self, shard: int) -> None:
+        """A primary holds every push of a step and has not committed it for the limit:
+        its commit path is wedged. Its group fails over to a backup it replicated to,
+        as if it had died (the higher epoch fences it)."""
+        c = self.control
+        async with c.lock:
+            c.require_leader()
+            primary_id = c.groups.get(shard, ("", 0))[0]
+            group = [dataclasses.replace(r, alive=False) if r.node_id == primary_id else r
+                     for r in self.group(shard)]  # fmt: skip
+            decision = promotion.choose_promotion(group, self._committed(shard))
+        if not isinstance(decision, promotion.Promote):
+            log.warning("primary's commit looks wedged; no backup to take over", shard=shard,
+                        primary=primary_id)  # fmt: skip
+            return
+        log.error("primary's commit wedged: every push of the step arrived, none committed; "
+                  "failing over", shard=shard, primary=primary_id, to=decision.node_id)  # fmt: skip
+        await self._execute(shard, decision)
 
     def _primary_version(self, shard: int, job_id: str) -> int | None:
         c = self.control

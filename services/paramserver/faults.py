@@ -6,17 +6,22 @@ Set ``--faults`` or ``STALWART_FAULTS`` (same syntax as the trainer's):
   reaches version N, flip one bit (a float32's top mantissa bit: finite, off by
   up to half) of its first parameter, as a memory fault would. Nothing on the
   wire changes: only comparing replica fingerprints can tell.
+- ``hang_commit_at_version=N``: a primary about to commit the step that would
+  reach version N + 1 (every slot of step N pushed) stops there for good, the
+  job's lock held, while its server goes on answering heartbeats and polls: a
+  wedged commit path.
 
 Each fault fires once and logs that it did, so tests can check it really fired.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from stalwart import faultspec, log
 
-_KNOWN = {"flip_state_at_version": int}
+_KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int}
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class Faults(faultspec.FaultSet):
     KNOWN = _KNOWN
 
     flip_state_at_version: int | None = None
+    hang_commit_at_version: int | None = None
     fired: set = field(default_factory=set, compare=False, repr=False)
 
     def after_apply(self, model) -> None:
@@ -36,3 +42,12 @@ class Faults(faultspec.FaultSet):
             log.get_logger("stalwart.faults").warning(
                 "fault fired", fault="flip_state_at_version", version=model.version, tensor=name
             )
+
+    async def before_commit(self, model) -> None:
+        """Called with the job's lock held, before a primary commits from ``model``'s version."""
+        if model.version == self.hang_commit_at_version and "hang_commit" not in self.fired:
+            self.fired.add("hang_commit")
+            log.get_logger("stalwart.faults").warning(
+                "fault fired", fault="hang_commit_at_version", version=model.version
+            )
+            await asyncio.Event().wait()  # never set: the commit never happens

@@ -1,7 +1,10 @@
-"""A trainer that hangs mid-job and goes on heartbeating is drained by the leader as
-hung: its lease never runs out, but the primary's status shows its slot's push missing
-while the step stands still. The warm standby takes the slot, the job finishes, and
-its weights are bitwise equal to the fault-free reference run."""
+"""Hangs that no lease catches, with real processes.
+
+A trainer that hangs mid-job and goes on heartbeating is drained by the leader as
+hung: the primary's status shows its slot's push missing while the step stands
+still. The warm standby takes the slot. A primary whose commit wedges (every push of
+the step in, its server still answering) loses its group to its backup. Both jobs
+finish bitwise equal to the fault-free reference run."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import pytest
 from stalwart import training
 from stalwart.api import common, coordinator
 from stalwart.client import CoordinatorClient
+from tests.integration.coordinator.support import wait_leader
 from tests.integration.sdc.support import job_events
 
 from .support import (
@@ -61,5 +65,36 @@ async def test_a_hung_trainer_is_drained_and_its_standby_finishes_bitwise(cluste
     promoted = [e for e in events if e.kind == common.EVENT_KIND_STANDBY_PROMOTED]
     assert [(e.node_id, e.step) for e in promoted] == [("sb", HANG_AT)], promoted
     version, got = await final_weights([primary.address, backup.address], job.job_id, spec)
+    assert version == spec.steps
+    assert_bitwise_equal(got, want)
+
+
+async def test_a_wedged_primary_loses_its_group_to_its_backup_bitwise(cluster_procs):
+    procs = cluster_procs
+    spec = small_spec(steps=12)
+    training.make_deterministic()
+    want = await asyncio.to_thread(training.reference_run, spec)
+
+    coord = procs.coordinator("c1", "--hung-step-seconds", HUNG_STEP_S)
+    await wait_leader(coord.address)
+    join = ("--coordinator", coord.address)
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    wedged = procs.start("services.paramserver", "ps-p", "--role", "primary",
+                         "--backups", backup.address, *join,
+                         env={"STALWART_FAULTS": f"hang_commit_at_version={HANG_AT}"})  # fmt: skip
+    for name in ("tr0", "tr1"):
+        procs.trainer(name, *join)
+
+    async with CoordinatorClient(coord.address) as client:
+        await wait_trainers(client, {"tr0", "tr1"}, 30)
+        job = await client.create_job(spec, job_id="job-wedged")
+        done = await wait_job_done(client, job.job_id, 180)
+        assert done.state == coordinator.JOB_STATE_SUCCEEDED, done.reason
+        events = await job_events(client)
+
+    assert wedged.alive() and "fault fired" in wedged.log_tail(400)
+    promoted = [e for e in events if e.kind == common.EVENT_KIND_REPLICA_PROMOTED]
+    assert [(e.node_id, e.attributes["previous"]) for e in promoted] == [("ps-b", "ps-p")]
+    version, got = await final_weights([backup.address], job.job_id, spec)
     assert version == spec.steps
     assert_bitwise_equal(got, want)

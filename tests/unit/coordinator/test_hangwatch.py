@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.coordinator.hangwatch import Hung, StillSince, hung_holders, limit_s
+from services.coordinator.hangwatch import Hung, StillSince, hung_holders, limit_s, stuck_shards
 
 HOLDERS = {0: "tr0", 1: "tr1", 2: "tr2"}
 
@@ -61,3 +61,10 @@ def test_still_since_restarts_when_the_step_or_the_holders_change() -> None:
     assert still.observe("j", (6, ("tr0", "sb")), 141.0) == 0  # the step moved
     still.keep_only([])
     assert still.observe("j", (6, ("tr0", "sb")), 500.0) == 0  # forgotten: a fresh start
+
+
+def test_a_primary_holding_every_push_without_committing_is_wedged() -> None:
+    by_shard = {0: {0, 1, 2}, 1: {0, 2}}  # shard 1 still waits for slot 1's push
+    assert stuck_shards(59, 60, 3, by_shard) == []
+    assert stuck_shards(60, 60, 3, by_shard) == [0]
+    assert stuck_shards(1e6, 0, 3, by_shard) == []  # turned off
