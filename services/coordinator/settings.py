@@ -106,7 +106,8 @@ class CoordinatorSettings(ServiceSettings):
     """A synchronous job's step that stands still this long (or ten of its slowest
     trainer's steps, if longer) while some of its slots' pushes are missing: their
     trainers are drained as hung, and a standby or another trainer takes the slots.
-    0 turns this off (services/coordinator/hangwatch.py)."""
+    With every push in and no commit, the primary is wedged: its group fails over
+    to a backup. 0 turns both off (services/coordinator/hangwatch.py)."""
 
     checkpoint_timeout_seconds: float = Field(default=120.0, gt=0)
     """Longest one checkpoint (every shard's snapshot and upload) or restore may take."""
