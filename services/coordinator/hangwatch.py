@@ -88,9 +88,10 @@ def stuck_shards(
 
 
 class StillSince:
-    """Since when each job's step and slot holders have been what they are, from the
-    leader's polls. A change of holders counts as movement: a trainer that just took
-    a slot (a drained one's, say) gets a whole limit for its push."""
+    """Since when each job's state (its step, slot holders and shard primaries, say)
+    has been what it is, from the leader's polls. Any change counts as movement: a
+    trainer that just took a drained one's slot, or a primary just promoted in a
+    wedged one's place, gets a whole limit before it is judged."""
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[Hashable, float]] = {}

@@ -286,7 +286,10 @@ class ParamWatch:
         stuck: set[int] = set()
         for job in running:
             holders = {s.index: s.node_id for s in job.slots if s.node_id}
-            still = self._still.observe(job.job_id, (job.step, tuple(sorted(holders.items()))), now)
+            # a new holder or a new primary (a drain or a fail-over done) starts the count again
+            primaries = tuple(c.groups.get(k, ("", 0)) for k in range(job.num_shards))
+            state = (job.step, tuple(sorted(holders.items())), primaries)
+            still = self._still.observe(job.job_id, state, now)
             by_shard = self._pushed_by_shard(job)
             if not by_shard:
                 continue  # not synchronous, a primary's answer missing, or no shard at the step

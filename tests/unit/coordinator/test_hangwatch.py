@@ -59,6 +59,9 @@ def test_still_since_restarts_when_the_step_or_the_holders_change() -> None:
     assert still.observe("j", (5, ("tr0", "sb")), 131.0) == 0  # a standby took a slot
     assert still.observe("j", (5, ("tr0", "sb")), 140.0) == 9
     assert still.observe("j", (6, ("tr0", "sb")), 141.0) == 0  # the step moved
+    assert still.observe("j", (6, ("tr0", "sb"), ("ps-p", 1)), 150.0) == 0
+    assert still.observe("j", (6, ("tr0", "sb"), ("ps-p", 1)), 170.0) == 20
+    assert still.observe("j", (6, ("tr0", "sb"), ("ps-b", 2)), 171.0) == 0  # failed over
     still.keep_only([])
     assert still.observe("j", (6, ("tr0", "sb")), 500.0) == 0  # forgotten: a fresh start
 
