@@ -144,8 +144,8 @@ def _first(events: Iterable[Ev], kind: str, node_id: str = "", slot_only: bool =
     for e in events:
         if e.kind != kind or (node_id and e.node_id != node_id):
             continue
-        if slot_only and "standby" in e.message:
-            continue  # "is a warm standby of": not a slot
+        if slot_only and "is a warm standby of" in e.message:
+            continue  # a standby place, not a slot (a node may be named standby-1)
         return e
     return None
 

@@ -29,6 +29,22 @@ def test_trainer_recovery_is_the_commit_of_the_step_the_standby_computed():
     assert rec.steps_during == 1  # step 11
 
 
+def test_a_slot_taken_beside_its_own_by_a_node_named_standby_is_the_fix():
+    # both standbys already took drained trainers' slots: the dead one's slot goes to
+    # standby-1 beside its own (elastic slots); its name is no "warm standby" place
+    events = [
+        Ev(20, "NODE_DEAD", 10.2, "", "trainer-1", 0, "trainer trainer-1 dead: port closed"),
+        Ev(21, "SLOT_ASSIGNED", 10.2, "j", "standby-1", 51,
+           "standby-1 computes, beside its own, slot 1 of j at step 51"),
+        *commits(22, 10.4, range(52, 54)),
+    ]  # fmt: skip
+    rec = recover(Fault("trainer", "trainer-1", 10.0, 50), events)
+    assert rec.action.startswith("standby-1 computes, beside its own")
+    assert rec.resumed_step == 52 and rec.recovery_s is not None
+    attached = Ev(21, "SLOT_ASSIGNED", 10.2, "j", "tr-9", -1, "tr-9 is a warm standby of j")
+    assert recover(Fault("trainer", "trainer-1", 10.0, 50), [*events[:1], attached]).action == ""
+
+
 def test_paramserver_recovery_waits_for_the_promotion():
     events = [
         Ev(5, "NODE_DEAD", 10.3, "", "ps-0a", 0, "paramserver ps-0a dead"),
