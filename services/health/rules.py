@@ -94,13 +94,29 @@ def thermal_lead(t: float, slope: float, cfg: RuleConfig) -> float | None:
 
 
 def straggler(window: NodeWindow, peers: Sequence[NodeWindow], cfg: RuleConfig) -> list[Finding]:
-    """Median step time against the median of the peers' medians."""
-    mine = window.recent_median(STEP_TIME, cfg.straggler_steps)
-    others = [p.recent_median(STEP_TIME, cfg.straggler_steps) for p in peers]
-    others = [o for o in others if o is not None and o > 0]
-    if mine is None or not others:
+    """The fastest of the node's latest ``straggler_steps`` sampled steps against the
+    median of its peers' medians over the same stretch of steps.
+
+    A straggler is slow on every step, so its fastest recent step is the one compared:
+    telemetry samples a few steps a second, and a node whose few samples happened to
+    land on steps that were slow for everyone (a synchronous job's slots all wait for
+    its slowest one) is not one. Over the same stretch of steps, not the peers' own
+    latest: a standby promoted a moment ago has only fast steps behind it. A peer with
+    fewer than half as many readings in that stretch is not compared; the node is not
+    judged before it has ``straggler_steps`` steps (a first step pays start-up costs)."""
+    mine = window.by_step(STEP_TIME)
+    steps = sorted(mine)[-cfg.straggler_steps :]
+    if len(steps) < cfg.straggler_steps:
         return []
-    ratio = mine / statistics.median(others)
+    lo, hi = steps[0], steps[-1]
+    others = []
+    for peer in peers:
+        theirs = [v for step, v in peer.by_step(STEP_TIME).items() if lo <= step <= hi]
+        if len(theirs) * 2 >= cfg.straggler_steps and statistics.median(theirs) > 0:
+            others.append(statistics.median(theirs))
+    if not others:
+        return []
+    ratio = min(mine[k] for k in steps) / statistics.median(others)
     if ratio <= 1.0:
         return []
     risk = min(1.0, 0.8 * (ratio - 1.0) / (cfg.straggler_factor - 1.0))

@@ -58,12 +58,6 @@ class NodeWindow:
             return 0.0
         return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
 
-    def recent_median(self, name: str, last: int) -> float | None:
-        """Median of the latest ``last`` distinct steps' readings of ``name``; None until
-        there are that many (a first step pays start-up costs, one reading is noise)."""
-        by_step: dict[int, float] = {}
-        for s in self.samples:
-            if name in s.metrics:
-                by_step[s.step] = s.metrics[name]
-        values = [by_step[k] for k in sorted(by_step)[-last:]]
-        return statistics.median(values) if len(values) >= last else None
+    def by_step(self, name: str) -> dict[int, float]:
+        """The latest reading of ``name`` at each step in the window."""
+        return {s.step: s.metrics[name] for s in self.samples if name in s.metrics}

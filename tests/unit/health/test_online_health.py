@@ -85,6 +85,42 @@ def test_straggler_needs_enough_steps_on_both_sides():
     assert rules.straggler(me, [peer], CFG)[0].risk == 1.0
 
 
+def test_a_peer_is_compared_over_the_same_steps_not_its_own_latest() -> None:
+    # steps 16-20 were slow for every slot of a synchronous job (they all waited for a
+    # throttled one); a standby promoted at step 21 has only fast steps behind it
+    slow_then_fast = [(t, t, {"step_time_seconds": 0.1 if t <= 20 else 0.01})
+                      for t in range(12, 24)]  # fmt: skip
+    me = window(*[r for r in slow_then_fast if r[1] in (16, 17, 18, 19, 20)])
+    promoted = window(*[(t, t, {"step_time_seconds": 0.01}) for t in range(21, 30)])
+    assert rules.straggler(me, [promoted], CFG) == []  # nothing of it in steps 16-20
+    waited_too = window(*slow_then_fast)
+    assert rules.straggler(me, [promoted, waited_too], CFG) == []  # same steps, same times
+    # a node slow over the very steps its peers ran fast is still found
+    fast_peer = window(*[(t, t, {"step_time_seconds": 0.02}) for t in range(12, 24)])
+    assert rules.straggler(me, [promoted, fast_peer], CFG)[0].risk == 1.0
+
+
+def test_a_node_whose_samples_caught_steps_slow_for_everyone_is_no_straggler() -> None:
+    # sampled from a demo run: trainer-1's five samples include the job's first step and
+    # two of the steps every slot waited through for a throttled peer
+    me = window(
+        *[
+            (s, s, {"step_time_seconds": v})
+            for s, v in [(0, 0.1031), (6, 0.0235), (14, 0.039), (16, 0.1204), (17, 0.116)]
+        ]
+    )
+    peer = window(
+        *[
+            (s, s, {"step_time_seconds": v})
+            for s, v in [(2, 0.048), (10, 0.0259), (15, 0.0296), (17, 0.1143)]
+        ]
+    )
+    assert rules.straggler(me, [peer], CFG) == []
+    # slow on every one of its steps: found
+    slow = window(*[(s, s, {"step_time_seconds": 0.2}) for s in (0, 6, 14, 16, 17)])
+    assert rules.straggler(slow, [peer], CFG)[0].risk == 1.0
+
+
 def test_counter_increase_survives_a_reset():
     w = window((0, 0, {"c_total": 5}), (1, 1, {"c_total": 7}), (2, 2, {"c_total": 1}))
     assert w.increase("c_total") == 3  # +2, then a restart counted from 0: +1
