@@ -284,6 +284,8 @@ class ParamWatch:
             return [], []
         hung: list[hangwatch.Hung] = []
         stuck: set[int] = set()
+        busy = {s.node_id: j.job_id for j in running for s in j.slots if s.node_id}
+        trainers = [n for n in c.members.alive(Role.TRAINER) if n.state is NodeState.ALIVE]
         for job in running:
             holders = {s.index: s.node_id for s in job.slots if s.node_id}
             # a new holder or a new primary (a drain or a fail-over done) starts the count again
@@ -295,18 +297,19 @@ class ParamWatch:
                 continue  # not synchronous, a primary's answer missing, or no shard at the step
             limit = hangwatch.limit_s(self.hung_step_seconds, self._slowest(holders.values()))
             pushed = frozenset.intersection(*by_shard.values())
-            hung += self._hung_holders(job, still, limit, holders, pushed, running)
+            hung += self._hung_holders(job, still, limit, holders, pushed, busy, trainers)
             stuck.update(hangwatch.stuck_shards(still, limit, job.num_slots, by_shard))
         return hung, sorted(stuck)
 
-    def _hung_holders(self, job, still, limit, holders, pushed, running) -> list[hangwatch.Hung]:
+    def _hung_holders(
+        self, job, still, limit, holders, pushed, busy, trainers
+    ) -> list[hangwatch.Hung]:
+        """``busy``: node -> the job whose slot it holds; ``trainers``: the ALIVE ones."""
         c = self.control
-        busy = {s.node_id: j.job_id for j in running for s in j.slots if s.node_id}
         suspects = {n for k, n in holders.items() if k not in pushed}
         others = sum(
-            1 for n in c.members.alive(Role.TRAINER)
-            if n.state is NodeState.ALIVE and n.node_id not in suspects
-            and busy.get(n.node_id, job.job_id) == job.job_id
+            1 for n in trainers
+            if n.node_id not in suspects and busy.get(n.node_id, job.job_id) == job.job_id
         )  # fmt: skip
         found = hangwatch.hung_holders(job.job_id, job.step, still, limit, holders, pushed, others)
         return [h for h in found if c.members.nodes[h.node_id].state is NodeState.ALIVE]
