@@ -91,13 +91,13 @@ def live_primary(
     it is a replica like a spare, made a backup of the real primary when one is
     added.
 
-    Once a primary is on record (``recorded_id``), a claim at the recorded epoch
-    counts only when the replica holds every job with committed steps on the group
-    (``committed``): a promotion always raises the epoch, so a claim that holds
-    none comes from a replica started as primary afresh (a new one, or the
-    recorded one restarted by its supervisor before it was found dead), which
-    would serve empty state if adopted. The group is lost instead, or its backup
-    promoted, and nothing acknowledged is lost."""
+    A claim at the recorded epoch by another node than the recorded primary
+    (``recorded_id``) counts only when that replica holds every job with committed
+    steps on the group (``committed``): a promotion always raises the epoch, so such a
+    claim comes from a fresh replica started as primary, which would serve empty
+    state if adopted (the group is lost instead, and restored from a checkpoint).
+    The recorded primary's own claim always counts: while a restore loads a
+    checkpoint onto it, it holds the job only once the load is done."""
     newest = max([recorded_epoch, *(r.epoch for r in group)])
     primaries = [
         r
@@ -105,7 +105,12 @@ def live_primary(
         if r.alive
         and r.role == "primary"
         and r.epoch >= newest
-        and (r.epoch > recorded_epoch or not recorded_id or committed <= r.versions.keys())
+        and (
+            r.epoch > recorded_epoch
+            or not recorded_id
+            or r.node_id == recorded_id
+            or committed <= r.versions.keys()
+        )
     ]
     return max(primaries, key=lambda r: r.epoch, default=None)
 
@@ -124,9 +129,8 @@ def decide(
     if primary is not None:
         return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)
-    if recorded is not None and recorded.alive and recorded.role != "primary":
+    if recorded is not None and recorded.alive:
         return []  # recorded primary alive but not (yet) polled as primary: wait
-    # dead, or restarted and claiming primary with none of the group's jobs: promote
     if not primary_id:
         return []  # no primary known yet (replicas still starting): never promote blindly
     return [choose_promotion(group, committed)]

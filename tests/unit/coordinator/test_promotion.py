@@ -135,18 +135,16 @@ def test_a_fresh_replica_started_as_primary_is_not_adopted_over_committed_jobs()
     assert live_primary(group, 1, "old-p", committed) == group[0]
 
 
-def test_a_primary_restarted_empty_before_it_was_found_dead_is_replaced_by_its_backup():
-    # its supervisor restarted it under the same node id within its lease: it claims
-    # primary at the recorded epoch, holding nothing, while its backup holds step 8
+def test_the_recorded_primary_mid_restore_is_not_replaced() -> None:
+    # a restore on command promoted the recorded primary and is loading the checkpoint
+    # onto it: it does not hold the job until the load is done
     group = [
-        ReplicaView("p", "a:1", True, "primary", 1, {}),
-        ReplicaView("b", "a:2", True, "backup", 1, {"j": 8}),
+        ReplicaView("p", "a:1", True, "primary", 3, {}),
+        ReplicaView("b", "a:2", True, "backup", 2, {"j": 8}),
     ]
     committed = frozenset({"j"})
-    assert live_primary(group, 1, "p", committed) is None
-    assert decide(group, "p", committed, recorded_epoch=1) == [Promote("b", "a:2", 2, ())]
-    # before it registered the model of a first job, nothing is committed: it stays
-    assert live_primary(group, 1, "p", frozenset()) == group[0]
+    assert live_primary(group, 3, "p", committed) == group[0]
+    assert not any(isinstance(d, Promote) for d in decide(group, "p", committed, recorded_epoch=3))
 
 
 @pytest.mark.parametrize(
