@@ -136,6 +136,8 @@ class ParamWatch:
         # per paramserver, per synchronous job it holds: the slots pushed for its step
         self._pushed: dict[str, dict[str, frozenset[int]]] = {}
         self._still = hangwatch.StillSince()
+        # per paramserver, the process (instance id) whose state the group relies on
+        self._instances: dict[str, str] = {}
 
     async def round(self) -> None:
         """One poll of every live paramserver, then the decisions it calls for."""
@@ -200,14 +202,37 @@ class ParamWatch:
             if j.mode == common.CONSISTENCY_MODE_SYNC
         }
         role = REPLICA_ROLES_BACK.get(answer.role, "")
+        versions = {j.job_id: j.version for j in answer.jobs}
         c.views[node_id] = promotion.ReplicaView(
-            node_id, address, True, role, answer.epoch,
-            {j.job_id: j.version for j in answer.jobs},
+            node_id, address, True, role, answer.epoch, versions,
             tuple(b.address for b in answer.backups),
+            restarted=self._restarted(node, answer.instance, versions),
         )  # fmt: skip
         if node.replica_role != role:
             node.replica_role = role
             c._dirty_nodes.add(node_id)
+
+    def _restarted(self, node, instance: str, versions: dict[str, int]) -> bool:
+        """Whether the group's recorded primary now answers from another process than
+        the one the group relied on, behind what the group has. The process it was is
+        remembered until then: any other replica, or a recorded primary that holds
+        what the group has, is taken as it is now."""
+        known = self._instances.get(node.node_id)
+        primary_id, _ = self.control.groups.get(node.shard, ("", 0))
+        if known and instance != known and node.node_id == primary_id:
+            if self._behind(node, versions):
+                return True
+        self._instances[node.node_id] = instance
+        return False
+
+    def _behind(self, node, versions: dict[str, int]) -> bool:
+        """Whether ``versions`` (the replica's jobs) lack a job, or a version of one,
+        that the group is known to have: committed steps on the leader's books, or
+        what the group's other live replicas hold (ahead of the books by a poll)."""
+        group = [r for r in self.group(node.shard) if r.alive and r.node_id != node.node_id]
+        known = {j.job_id: j.step for j in self.control.live_jobs.values()
+                 if not j.finished and node.shard < j.num_shards and j.step > 0}  # fmt: skip
+        return promotion.behind(versions, [known, *(r.versions for r in group)])
 
     def group(self, shard: int) -> list[promotion.ReplicaView]:
         """The shard's replicas with liveness from membership (dead ones keep their last epoch)."""
@@ -223,7 +248,8 @@ class ParamWatch:
             alive = node.leased and node.state is not NodeState.DEAD and not quarantined
             slow = self._slow.get(node.node_id, 0) >= SLOW_POLLS
             out.append(promotion.ReplicaView(view.node_id, node.address, alive, view.role, view.epoch,
-                                             view.versions, view.backups, quarantined, slow))  # fmt: skip
+                                             view.versions, view.backups, quarantined, slow,
+                                             view.restarted))  # fmt: skip
         return out
 
     def shards(self) -> list[int]:

@@ -31,6 +31,9 @@ class ReplicaView:
     backups: tuple[str, ...] = ()  # for a primary: addresses it replicates to
     quarantined: bool = False  # alive is False too: out of the group for good
     slow: bool = False  # alive, but its latest polls got no answer in time (hung?)
+    # The group's recorded primary answering from a new process (another instance
+    # id), behind what the group has: it lost its state when it restarted.
+    restarted: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,12 @@ def progress_key(replica: ReplicaView) -> tuple[int, int, str]:
     return (sum(replica.versions.values()), replica.epoch, replica.node_id)
 
 
+def behind(versions: dict[str, int], others: Sequence[dict[str, int]]) -> bool:
+    """Whether a replica holding ``versions`` (job id -> applied version) lacks a job,
+    or a version of one, that any of ``others`` has."""
+    return any(versions.get(job, -1) < v for other in others for job, v in other.items())
+
+
 def live_primary(
     group: Sequence[ReplicaView],
     recorded_epoch: int = 0,
@@ -96,8 +105,11 @@ def live_primary(
     steps on the group (``committed``): a promotion always raises the epoch, so such a
     claim comes from a fresh replica started as primary, which would serve empty
     state if adopted (the group is lost instead, and restored from a checkpoint).
-    The recorded primary's own claim always counts: while a restore loads a
-    checkpoint onto it, it holds the job only once the load is done."""
+    The recorded primary's own claim counts unless it comes from a new process
+    of that node behind what the group has (``restarted``: its supervisor
+    restarted it empty before it was found dead). Its jobs alone cannot tell:
+    while a restore loads a checkpoint onto the recorded primary, it holds the
+    job only once the load is done."""
     newest = max([recorded_epoch, *(r.epoch for r in group)])
     primaries = [
         r
@@ -105,6 +117,7 @@ def live_primary(
         if r.alive
         and r.role == "primary"
         and r.epoch >= newest
+        and not r.restarted
         and (
             r.epoch > recorded_epoch
             or not recorded_id
@@ -129,7 +142,7 @@ def decide(
     if primary is not None:
         return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)
-    if recorded is not None and recorded.alive:
+    if recorded is not None and recorded.alive and not recorded.restarted:
         return []  # recorded primary alive but not (yet) polled as primary: wait
     if not primary_id:
         return []  # no primary known yet (replicas still starting): never promote blindly

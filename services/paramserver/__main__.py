@@ -92,7 +92,7 @@ async def run(settings: ParamServerSettings) -> None:
         else None
     )
     if registration is not None:
-        servicer.admitted = registration.admitted
+        servicer.committed_step = registration.committed_step
         registration.start()
     try:
         await runner.wait()

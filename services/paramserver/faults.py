@@ -10,6 +10,8 @@ Set ``--faults`` or ``STALWART_FAULTS`` (same syntax as the trainer's):
   reach version N + 1 (every slot of step N pushed) stops there for good, the
   job's lock held, while its server goes on answering heartbeats and polls: a
   wedged commit path.
+- ``crash_at_version=N``: SIGKILL this process right after it applies the commit
+  that reaches version N (before the step is acknowledged), as kill -9 would.
 
 Each fault fires once and logs that it did, so tests can check it really fired.
 """
@@ -17,11 +19,13 @@ Each fault fires once and logs that it did, so tests can check it really fired.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from dataclasses import dataclass, field
 
 from stalwart import faultspec, log
 
-_KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int}
+_KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int, "crash_at_version": int}
 
 
 @dataclass(frozen=True)
@@ -30,10 +34,17 @@ class Faults(faultspec.FaultSet):
 
     flip_state_at_version: int | None = None
     hang_commit_at_version: int | None = None
+    crash_at_version: int | None = None
     fired: set = field(default_factory=set, compare=False, repr=False)
 
     def after_apply(self, model) -> None:
         """Called with the job's lock held, right after ``model`` reached a new version."""
+        if model.version == self.crash_at_version:
+            log.get_logger("stalwart.faults").warning(
+                "fault fired", fault="crash_at_version", version=model.version
+            )
+            # SIGKILL, not exit: no cleanup and no goodbye, exactly like kill -9
+            os.kill(os.getpid(), signal.SIGKILL)
         if model.version == self.flip_state_at_version and "flip_state" not in self.fired:
             self.fired.add("flip_state")
             from stalwart import sdc  # torch-side helper, only when the fault is on

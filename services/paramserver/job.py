@@ -269,10 +269,11 @@ class JobModel:
         out.update(optim.export_state(self.optimizer, self._names))
         return out
 
-    def install_header(self, epoch: int) -> paramserver.InstallStateHeader:
+    def install_header(self, epoch: int, fresh: bool = False) -> paramserver.InstallStateHeader:
         tensors = self.state_tensors()
         return paramserver.InstallStateHeader(
             epoch=epoch,
+            fresh=fresh,
             model=self.header,
             version=self.version,
             tensors=[codec.spec_of(n, t) for n, t in tensors.items()],

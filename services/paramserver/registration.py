@@ -35,7 +35,6 @@ class Registration:
             node_id=settings.node_id, shard=settings.shard,
         )  # fmt: skip
         self._task: asyncio.Task | None = None
-        self._admitted: set[str] = set()  # job ids the coordinator confirmed
 
     def start(self) -> None:
         """Register and heartbeat in the background; serving never waits for it."""
@@ -50,24 +49,25 @@ class Registration:
                 log.warning("cannot register with the coordinator yet", error=str(err))
                 await asyncio.sleep(RETRY_S)
 
-    async def admitted(self, job_id: str) -> bool:
-        """Whether the coordinator admitted ``job_id`` (asked once per job, then remembered).
+    async def committed_step(self, job_id: str) -> int | None:
+        """The steps the coordinator has on its books as committed for ``job_id``;
+        None when it never admitted the job.
 
-        A model for a job the coordinator never admitted is refused, so no caller
-        can park state on the paramservers outside the coordinator's books."""
-        if job_id in self._admitted:
-            return True
+        Asked before a replica takes a model it does not hold. A job the coordinator
+        never admitted is refused, so no caller can park state on the paramservers
+        outside the coordinator's books; a job with committed steps is refused
+        fresh weights (see ``ParamServer._check_fresh``). Asked every time: such
+        registrations come once per job and primary."""
         try:
-            await self.client.get_job(job_id)
+            job = await self.client.get_job(job_id)
         except RpcError as err:
             if err.kind in (ErrorKind.UNKNOWN_JOB, ErrorKind.NOT_FOUND):
-                return False
+                return None
             raise StalwartError(
                 ErrorKind.UNAVAILABLE,
-                f"cannot ask the coordinator whether job {job_id} was admitted; retry: {err}",
+                f"cannot ask the coordinator about job {job_id}; retry: {err}",
             ) from None
-        self._admitted.add(job_id)
-        return True
+        return int(job.step)
 
     async def stop(self) -> None:
         if self._task is not None:

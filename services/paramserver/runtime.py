@@ -64,6 +64,9 @@ class JobRuntime:
     pull_cache: tuple | None = None  # (version, names, chunk size, header, chunks)
     # GetFingerprint(at_version) callers, answered when a commit reaches that version
     fingerprint_at: dict[int, asyncio.Future] = field(default_factory=dict)
+    # taken from a RegisterModel here (initial weights): its installs say so, and a
+    # backup that holds the job further along refuses them
+    fresh: bool = False
 
     def __post_init__(self) -> None:
         self.committed = asyncio.Condition(self.lock)
@@ -165,7 +168,7 @@ class JobHost:
             )
 
     async def install(self, job: JobRuntime, address: str) -> None:
-        header = job.model.install_header(self.replica.epoch)
+        header = job.model.install_header(self.replica.epoch, job.fresh)
         tensors = list(job.model.state_tensors().values())
         try:
             await self.replicator.install(address, header, tensors)
@@ -179,6 +182,7 @@ class JobHost:
             job = self.jobs[model.job_id] = JobRuntime(model)
         async with job.lock:
             job.model = model
+            job.fresh = False  # a checkpoint's state: the backups take it, lower or not
             job.pull_cache = None
             job.fail_waiters(StalwartError(ErrorKind.TOO_STALE, f"{why}; pull"))
             await job.settle_fingerprints()

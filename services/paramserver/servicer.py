@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -103,8 +104,11 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.node_id = node_id
         self.chunk_bytes = chunk_bytes
         self.histories = jobmetrics.Histories()  # losses and evaluations (ListJobMetrics)
-        # job_id -> whether the coordinator admitted it; None runs standalone (no check)
-        self.admitted: Callable[[str], Awaitable[bool]] | None = None
+        # job_id -> its committed steps on the coordinator's books, None if it never
+        # admitted the job; unset, the replica runs standalone (no check)
+        self.committed_step: Callable[[str], Awaitable[int | None]] | None = None
+        # Drawn once per process: the coordinator tells a restarted replica by it.
+        self.instance = uuid.uuid4().hex
         # ReplicateStream calls served here (as a backup): handler task -> its session
         self._sessions: dict[asyncio.Task, replstream.BackupSession] = {}
 
@@ -151,14 +155,14 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         if not header.job_id:
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "job_id is empty")
         if header.job_id not in self.jobs:  # checked before a byte of the model is read
-            await self._check_admitted(header.job_id)
+            await self._check_fresh(header.job_id)
         assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
         tensors = assembler.finish()
         existing = self.jobs.get(header.job_id)
         if existing is not None:
             return await self._re_register(existing, header, tensors)
         model = await _off_loop(JobModel, header, tensors)
-        job = self.jobs[header.job_id] = JobRuntime(model)
+        job = self.jobs[header.job_id] = JobRuntime(model, fresh=True)
         log.info(
             "model registered", job=header.job_id, tensors=len(tensors), bytes=model.state_bytes()
         )
@@ -166,11 +170,27 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             await self.host.install_everywhere(job)
         return paramserver.RegisterModelResponse(version=0)
 
-    async def _check_admitted(self, job_id: str) -> None:
-        if self.admitted is not None and not await self.admitted(job_id):
+    async def _check_fresh(self, job_id: str) -> None:
+        """A model this replica does not hold is taken only for a job the coordinator
+        admitted and that has no committed step yet. With committed steps, the job's
+        state lives on a backup or in a checkpoint; this replica lost it (it restarted)
+        or never had it, and fresh weights here (copied to its backups too) would
+        throw the acknowledged steps away. The coordinator moves the group to a
+        replica that holds them."""
+        if self.committed_step is None:
+            return
+        step = await self.committed_step(job_id)
+        if step is None:
             raise StalwartError(
                 ErrorKind.UNKNOWN_JOB,
                 f"job {job_id!r} was never admitted by the coordinator; submit it first",
+                job=job_id,
+            )
+        if step > 0:
+            raise StalwartError(
+                ErrorKind.FAILED_PRECONDITION,
+                f"job {job_id!r} has {step} committed steps that this replica does not hold; "
+                "it takes the job's state from its group, not fresh weights",
                 job=job_id,
             )
 
@@ -468,6 +488,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             role=_ROLES[self.replica.role],
             epoch=self.replica.epoch,
             shard=self.shard,
+            instance=self.instance,
             jobs=[self._job_status(j) for j in self.jobs.values()],
             backups=[
                 paramserver.BackupStatus(
@@ -651,6 +672,15 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     async def InstallState(self, request_iterator, context):
         header = await _first(request_iterator, "state header")
         self._from_primary(header.epoch)
+        held = self.jobs.get(header.model.job_id)
+        if header.fresh and held is not None and held.model.version > header.version:
+            # Taking it would throw away acknowledged steps: the primary lost them.
+            raise StalwartError(
+                ErrorKind.FAILED_PRECONDITION,
+                f"this backup holds job {header.model.job_id!r} at version "
+                f"{held.model.version}; the primary's fresh copy is at {header.version}",
+                job=header.model.job_id,
+            )
         assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
         tensors = assembler.finish()
         model = await _off_loop(JobModel.from_install, header, tensors)

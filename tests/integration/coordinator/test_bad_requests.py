@@ -8,6 +8,7 @@ paramserver of the group refuses models of jobs the coordinator never admitted.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -22,9 +23,14 @@ from tests.integration.coordinator.support import call, job_spec, status_of, wai
 from tests.integration.paramserver.support import (
     consistency,
     model_header,
+    push_messages,
+    push_raw,
     register_raw,
     sgd,
     stubs,
+)
+from tests.integration.paramserver.support import (
+    status as replica_status,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -160,3 +166,19 @@ async def test_paramserver_refuses_models_of_jobs_never_admitted(cluster):
         await client.create_job(job_spec(num_slots=2), job_id="real")
         reply = await register_raw(stub_for(ps.address), header("real"), initial)
         assert reply.version == 0
+
+        # one committed step on the leader's books: a replica that does not hold the
+        # job (a primary restarted empty) must not take fresh weights for it
+        grads = {"w": torch.ones(4)}
+        await asyncio.gather(*(push_raw(stub_for(ps.address), push_messages("real", 0, k, grads))
+                               for k in (0, 1)))  # fmt: skip
+
+        async def committed():
+            assert (await client.get_job("real")).step == 1
+
+        await assert_eventually_async(committed, timeout=30)
+        fresh = cluster.paramserver("ps-fresh", "--role", "primary", "--coordinator", coord.address)
+        err = await _refused(register_raw(stub_for(fresh.address), header("real"), initial),
+                             Code.FAILED_PRECONDITION, ErrorKind.FAILED_PRECONDITION)  # fmt: skip
+        assert "1 committed steps that this replica does not hold" in err.message
+        assert (await replica_status(stub_for(fresh.address))).jobs == []  # nothing taken

@@ -206,3 +206,30 @@ async def test_a_made_up_epoch_is_refused_and_the_primary_keeps_serving(launcher
 
 async def _is(status_call, want: int) -> bool:
     return await status_call == want
+
+
+async def test_a_primary_restarted_with_its_flags_cannot_wipe_its_backup(launcher) -> None:
+    # Restarted at once under its old flags (same epoch, same backup), the primary
+    # holds nothing; a trainer that finds the job gone registers it afresh there.
+    b = launcher.start("b", "--role", "backup")
+    primary_flags = ["--role", "primary", "--epoch", "1", "--backups", b.address]
+    a = launcher.start("a", *primary_flags)
+    header = model_header(JOB, initial(), sgd(0.5), consistency("sync"), num_slots=1)
+    async with stubs() as stub_for:
+        await register_raw(stub_for(a.address), header, initial())
+        for step in range(3):
+            await push_raw(stub_for(a.address), push_messages(JOB, step, 0, grads(1.0), step))
+        before = await fingerprint(stub_for(b.address), JOB)
+        port = a.address.rsplit(":", 1)[1]
+        signal_group(a, signal.SIGKILL)
+        a.popen.wait(30)
+        again = launcher.start("a-again", *primary_flags, "--port", port)
+
+        err = await expect_error(
+            register_raw(stub_for(again.address), header, initial()),
+            Code.UNAVAILABLE, "NO_INSYNC_BACKUP",
+        )  # fmt: skip
+        assert "no backup could take job" in err.message
+        jobs = {j.job_id: j.version for j in (await status(stub_for(b.address))).jobs}
+        assert jobs == {JOB: 3}  # the backup kept every acknowledged step
+        assert await fingerprint(stub_for(b.address), JOB) == before

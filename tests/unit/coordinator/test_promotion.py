@@ -10,6 +10,7 @@ from services.coordinator.promotion import (
     GroupLost,
     Promote,
     ReplicaView,
+    behind,
     decide,
     live_primary,
 )
@@ -147,6 +148,33 @@ def test_the_recorded_primary_mid_restore_is_not_replaced() -> None:
     assert not any(isinstance(d, Promote) for d in decide(group, "p", committed, recorded_epoch=3))
 
 
+def test_the_recorded_primary_restarted_empty_is_replaced_by_its_backup() -> None:
+    # its supervisor restarted the primary under the same node id before it was
+    # found dead: it claims epoch 1 again and holds nothing; its backup holds step 8
+    group = [
+        ReplicaView("p", "a:1", True, "primary", 1, {}, (), restarted=True),
+        ReplicaView("b", "a:2", True, "backup", 1, {"j": 8}),
+    ]
+    committed = frozenset({"j"})
+    assert live_primary(group, 1, "p", committed) is None
+    assert decide(group, "p", committed, recorded_epoch=1) == [Promote("b", "a:2", 2, ())]
+    # a trainer registered the job afresh on it before the leader looked: still behind
+    group[0] = ReplicaView("p", "a:1", True, "primary", 1, {"j": 0}, ("a:2",), restarted=True)
+    assert live_primary(group, 1, "p", committed) is None
+    assert decide(group, "p", committed, recorded_epoch=1) == [Promote("b", "a:2", 2, ())]
+
+
+def test_a_recorded_primary_restarted_as_a_backup_is_not_waited_for() -> None:
+    # the recorded primary was a promoted backup; restarted, it claims backup again
+    group = [
+        ReplicaView("b", "a:2", True, "backup", 1, {}, (), restarted=True),
+        ReplicaView("p", "a:1", True, "fenced", 1, {"j": 8}),
+        ReplicaView("c", "a:3", True, "backup", 2, {"j": 8}),
+    ]
+    committed = frozenset({"j"})
+    assert decide(group, "b", committed, recorded_epoch=2) == [Promote("c", "a:3", 3, ())]
+
+
 @pytest.mark.parametrize(
     ("recorded_id", "committed", "versions"),
     [
@@ -269,3 +297,18 @@ def test_a_new_leader_knows_the_old_claim_is_stale_from_the_recorded_epoch() -> 
     assert live_primary(group, recorded_epoch=2) is None
     assert decide(group, "n", recorded_epoch=2) == [GroupLost("primary dead and no live backup")]
     assert live_primary(group) == group[1]  # without the record it would look current
+
+
+@pytest.mark.parametrize(
+    ("versions", "others", "expected"),
+    [
+        ({}, [{"j": 8}], True),  # empty: lost the job
+        ({"j": 0}, [{"j": 8}], True),  # registered afresh: lost its steps
+        ({}, [{"j": 0}], True),  # lacks even a job just registered
+        ({"j": 8}, [{"j": 8}, {"j": 7}], False),
+        ({"j": 9}, [{"j": 8}], False),  # ahead by a commit the others have not applied yet
+        ({}, [{}, {}], False),  # nothing anywhere: nothing to lose
+    ],
+)
+def test_behind(versions, others, expected) -> None:
+    assert behind(versions, others) is expected
