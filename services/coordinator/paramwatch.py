@@ -396,7 +396,7 @@ class ParamWatch:
                 await self.links.configure(decision.primary_address, common.REPLICA_ROLE_PRIMARY,
                                            decision.epoch, decision.backups,
                                            coordinator_epoch=self.control.epoch)  # fmt: skip
-                log.warning("quarantined backups dropped", primary=decision.primary_address,
+                log.warning("backups dropped", primary=decision.primary_address,
                             backups=list(decision.backups))  # fmt: skip
             else:
                 await self._group_lost(shard, decision)

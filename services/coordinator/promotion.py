@@ -179,7 +179,10 @@ def choose_promotion(
 def _add_backups(
     group: Sequence[ReplicaView], primary: ReplicaView, wanted: int = 0
 ) -> list[Decision]:
+    # Quarantined backups leave the list; unconfigured ones leave it and come back
+    # as spares below, so the primary opens a new link and installs their state.
     banned = {r.address for r in group if r.quarantined}
+    banned |= {r.address for r in _unconfigured(group, primary)}
     current = [a for a in primary.backups if a not in banned]
     out: list[Decision] = []
     if len(current) < len(primary.backups):
@@ -199,3 +202,15 @@ def _add_backups(
         current.append(r.address)
         out.append(AddBackup(primary.address, r.address, primary.epoch, tuple(current)))
     return out
+
+
+def _unconfigured(group: Sequence[ReplicaView], primary: ReplicaView) -> list[ReplicaView]:
+    """Listed backups that answer as something else: a replica restarted with its
+    start-up flags (a lower epoch, or primary) refuses the primary's replication,
+    and being listed already, it would never be configured again; the primary's
+    link to it would still count the jobs it held before as in sync."""
+    return [
+        r for r in group
+        if r.address in primary.backups and r.alive and not r.slow and r.role
+        and (r.epoch < primary.epoch or (r.epoch == primary.epoch and r.role != "backup"))
+    ]  # fmt: skip

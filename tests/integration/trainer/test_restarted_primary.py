@@ -1,12 +1,17 @@
-"""A primary that its supervisor restarts at once, under the same node id and address,
-before the leader finds it dead (as `docker compose` does with `restart:
+"""Paramserver replicas that their supervisor restarts under the same node id and
+address with their start-up flags (as `docker compose` does with `restart:
 unless-stopped`), with real processes.
 
-The new process claims primary at the group's epoch again and holds nothing. The
+A primary restarted at once, before the leader finds it dead:
+the new process claims primary at the group's epoch again and holds nothing. The
 leader tells it from the old one by the instance id in its status and promotes the
 backup, which holds every acknowledged step; the trainers' attempts to register fresh
 weights on the new process are refused meanwhile. The job finishes bitwise equal to
-the fault-free reference run."""
+the fault-free reference run.
+
+A backup restarted after a failover answers with its start-up role and epoch and
+refuses its primary's replication; the leader configures it as a backup again and
+the primary catches it up."""
 
 from __future__ import annotations
 
@@ -14,11 +19,23 @@ import asyncio
 import time
 
 import pytest
+import torch
 
 from stalwart import training
-from stalwart.api import common, coordinator
+from stalwart.api import common, coordinator, paramserver
 from stalwart.client import CoordinatorClient
+from tests.helpers import assert_eventually_async
 from tests.integration.coordinator.support import wait_leader
+from tests.integration.paramserver.support import (
+    consistency,
+    model_header,
+    push_messages,
+    push_raw,
+    register_raw,
+    sgd,
+    stubs,
+)
+from tests.integration.paramserver.support import status as replica_status
 from tests.integration.sdc.support import job_events
 
 from .support import assert_bitwise_equal, final_weights, small_spec, wait_trainers
@@ -27,9 +44,18 @@ from .test_trainer_with_coordinator import wait_job_done
 pytestmark = pytest.mark.timeout(300)
 
 CRASH_AT = 5
+PRIMARY, BACKUP = common.REPLICA_ROLE_PRIMARY, common.REPLICA_ROLE_BACKUP
 # The leader must not find the old process dead before the new one answers: no
 # refused-poll rule, and a lease far longer than a restart takes.
 SLOW_DETECTION = ("--paramserver-unreachable-polls", "0", "--node-lease-seconds", "120")
+
+
+async def wait_replicas(client, names: set[str]) -> None:
+    async def registered():
+        nodes = await client.all_nodes(common.NODE_ROLE_PARAMSERVER)
+        assert {n.node_id for n in nodes} == names
+
+    await assert_eventually_async(registered, timeout=30)
 
 
 async def wait_gone(proc, timeout: float) -> None:
@@ -75,3 +101,85 @@ async def test_a_primary_restarted_empty_under_its_id_loses_its_group_to_its_bac
     version, got = await final_weights([backup.address], job.job_id, spec)
     assert version == spec.steps
     assert_bitwise_equal(got, want)
+
+
+async def replica(address: str) -> paramserver.GetReplicaStatusResponse:
+    async with stubs() as stub_for:
+        return await replica_status(stub_for(address))
+
+
+async def test_a_backup_restarted_with_its_flags_after_a_failover_is_caught_up(cluster_procs):
+    # After a failover to epoch 2, the old primary became the new one's backup. Each
+    # time it restarts with its start-up flags (primary, epoch 1) it refuses the
+    # primary's replication; the leader configures it again and it is caught up.
+    procs = cluster_procs
+    coord = procs.coordinator("c1")
+    await wait_leader(coord.address)
+    join = ("--coordinator", coord.address)
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    primary_args = ("--role", "primary", "--backups", backup.address, *join)
+    primary = procs.start("services.paramserver", "ps-p", *primary_args)
+    port = primary.address.rsplit(":", 1)[1]
+    initial = {"w": torch.zeros(4)}
+    header = model_header("job-r", initial, sgd(0.1), consistency("sync"), num_slots=1)
+
+    async with CoordinatorClient(coord.address) as client, stubs() as stub_for:
+        await wait_replicas(client, {"ps-p", "ps-b"})
+        await client.create_job(small_spec(num_slots=1), job_id="job-r")
+        await register_raw(stub_for(primary.address), header, initial)
+        for step in range(3):
+            await push_raw(stub_for(primary.address),
+                           push_messages("job-r", step, 0, {"w": torch.ones(4)}, step))  # fmt: skip
+
+        async def polled():  # the leader has seen the primary and its steps
+            assert (await client.get_job("job-r")).step == 3
+
+        await assert_eventually_async(polled, timeout=30)
+        primary.kill()
+
+        async def caught_up(address: str, role: int):
+            got = await replica(address)
+            assert (got.role, got.epoch) == (role, 2)
+            assert {j.job_id: j.version for j in got.jobs} == {"job-r": 3}
+
+        await assert_eventually_async(lambda: caught_up(backup.address, PRIMARY), timeout=30)
+        for turn in range(2):
+            again = procs.launch("services.paramserver", f"ps-p-{turn}", "--node-id", "ps-p",
+                                 *primary_args, "--port", port)  # fmt: skip
+            address = again.address
+            await assert_eventually_async(lambda: caught_up(address, BACKUP), timeout=30)  # noqa: B023
+            again.kill()
+
+
+async def test_a_backup_restarted_while_the_job_is_idle_is_caught_up(cluster_procs):
+    # No commit follows the restart, so no replication error tells the primary; its
+    # link still counts the job as in sync on that address. The leader sees the new
+    # process by its instance id, behind the primary, and has it added again.
+    procs = cluster_procs
+    coord = procs.coordinator("c1")
+    await wait_leader(coord.address)
+    join = ("--coordinator", coord.address)
+    backup_args = ("--role", "backup", *join)
+    backup = procs.start("services.paramserver", "ps-b", *backup_args)
+    primary = procs.start("services.paramserver", "ps-p", "--role", "primary",
+                          "--backups", backup.address, *join)  # fmt: skip
+    port = backup.address.rsplit(":", 1)[1]
+    initial = {"w": torch.zeros(4)}
+    header = model_header("job-i", initial, sgd(0.1), consistency("sync"), num_slots=1)
+
+    async with CoordinatorClient(coord.address) as client, stubs() as stub_for:
+        await wait_replicas(client, {"ps-p", "ps-b"})
+        await client.create_job(small_spec(num_slots=1), job_id="job-i")
+        await register_raw(stub_for(primary.address), header, initial)
+        for step in range(3):
+            await push_raw(stub_for(primary.address),
+                           push_messages("job-i", step, 0, {"w": torch.ones(4)}, step))  # fmt: skip
+        backup.kill()
+        again = procs.launch("services.paramserver", "ps-b-again", "--node-id", "ps-b",
+                             *backup_args, "--port", port)  # fmt: skip
+
+        async def caught_up():
+            got = await replica(again.address)
+            assert {j.job_id: j.version for j in got.jobs} == {"job-i": 3}
+
+        await assert_eventually_async(caught_up, timeout=30)

@@ -73,7 +73,11 @@ def r(node_id, role, *, alive=True, epoch=1, version=0, backups=()):
         ([r("p", ""), r("b", "backup")], "p", []),
         # a replica that came back is added to the primary's backups
         (
-            [r("p", "primary", epoch=4, backups=["b:1"]), r("b", "backup"), r("n", "backup")],
+            [
+                r("p", "primary", epoch=4, backups=["b:1"]),
+                r("b", "backup", epoch=4),
+                r("n", "backup"),
+            ],
             "p",
             [AddBackup("p:1", "n:1", 4, ("b:1", "n:1"))],
         ),
@@ -312,3 +316,27 @@ def test_a_new_leader_knows_the_old_claim_is_stale_from_the_recorded_epoch() -> 
 )
 def test_behind(versions, others, expected) -> None:
     assert behind(versions, others) is expected
+
+
+@pytest.mark.parametrize(("role", "epoch"), [("primary", 1), ("backup", 1), ("fenced", 2)])
+def test_a_listed_backup_restarted_with_its_flags_is_configured_again(role, epoch) -> None:
+    # after a failover to epoch 2 the backup restarted: it answers with its start-up
+    # role and epoch, refuses the primary's replication, and is still on its list
+    group = [
+        ReplicaView("p", "a:1", True, "primary", 2, {"j": 8}, ("a:2",)),
+        ReplicaView("b", "a:2", True, role, epoch, {}),
+    ]
+    # off the list and on again: the primary opens a new link and installs the state
+    assert decide(group, "p", frozenset({"j"}), recorded_epoch=2) == [
+        DropBackups("a:1", 2, ()),
+        AddBackup("a:1", "a:2", 2, ("a:2",)),
+    ]
+
+
+def test_a_listed_backup_at_the_primarys_epoch_is_left_alone() -> None:
+    group = [
+        ReplicaView("p", "a:1", True, "primary", 2, {"j": 8}, ("a:2",)),
+        ReplicaView("b", "a:2", True, "backup", 2, {"j": 8}),
+        ReplicaView("n", "a:3", True, "", 0, {}),  # not polled yet
+    ]
+    assert decide(group, "p", frozenset({"j"}), recorded_epoch=2) == []
