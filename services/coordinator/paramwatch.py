@@ -213,17 +213,19 @@ class ParamWatch:
             c._dirty_nodes.add(node_id)
 
     def _restarted(self, node, instance: str, versions: dict[str, int]) -> bool:
-        """Whether the group's recorded primary now answers from another process than
-        the one the group relied on, behind what the group has. The process it was is
-        remembered until then: any other replica, or a recorded primary that holds
-        what the group has, is taken as it is now."""
+        """Whether the replica answers from another process than the one polled before,
+        behind what the group has: it lost its state in a restart.
+
+        The group's recorded primary stays flagged (its old process remembered) until
+        another replica is recorded in its place. Any other replica is flagged for the
+        one poll that sees the change: that poll takes it off its primary's list and
+        adds it again (``promotion._unconfigured``), which installs its state."""
         known = self._instances.get(node.node_id)
         primary_id, _ = self.control.groups.get(node.shard, ("", 0))
-        if known and instance != known and node.node_id == primary_id:
-            if self._behind(node, versions):
-                return True
-        self._instances[node.node_id] = instance
-        return False
+        restarted = bool(known) and instance != known and self._behind(node, versions)
+        if not (restarted and node.node_id == primary_id):
+            self._instances[node.node_id] = instance
+        return restarted
 
     def _behind(self, node, versions: dict[str, int]) -> bool:
         """Whether ``versions`` (the replica's jobs) lack a job, or a version of one,

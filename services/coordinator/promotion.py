@@ -31,8 +31,8 @@ class ReplicaView:
     backups: tuple[str, ...] = ()  # for a primary: addresses it replicates to
     quarantined: bool = False  # alive is False too: out of the group for good
     slow: bool = False  # alive, but its latest polls got no answer in time (hung?)
-    # The group's recorded primary answering from a new process (another instance
-    # id), behind what the group has: it lost its state when it restarted.
+    # Answering from a new process (another instance id), behind what the group
+    # has: it lost its state when it restarted.
     restarted: bool = False
 
 
@@ -205,12 +205,14 @@ def _add_backups(
 
 
 def _unconfigured(group: Sequence[ReplicaView], primary: ReplicaView) -> list[ReplicaView]:
-    """Listed backups that answer as something else: a replica restarted with its
-    start-up flags (a lower epoch, or primary) refuses the primary's replication,
-    and being listed already, it would never be configured again; the primary's
-    link to it would still count the jobs it held before as in sync."""
+    """Listed backups that restarted: the primary's link to one still counts the
+    jobs the old process held as in sync, so nothing is installed on it until a
+    commit fails there (never, while the job is idle). One restarted with its
+    start-up flags (a lower epoch, or primary) also refuses the primary's
+    replication and, listed already, would never be configured again."""
     return [
         r for r in group
         if r.address in primary.backups and r.alive and not r.slow and r.role
-        and (r.epoch < primary.epoch or (r.epoch == primary.epoch and r.role != "backup"))
+        and (r.restarted or r.epoch < primary.epoch
+             or (r.epoch == primary.epoch and r.role != "backup"))
     ]  # fmt: skip

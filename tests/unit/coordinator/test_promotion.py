@@ -340,3 +340,15 @@ def test_a_listed_backup_at_the_primarys_epoch_is_left_alone() -> None:
         ReplicaView("n", "a:3", True, "", 0, {}),  # not polled yet
     ]
     assert decide(group, "p", frozenset({"j"}), recorded_epoch=2) == []
+
+
+def test_a_listed_backup_restarted_under_its_flags_is_added_again() -> None:
+    # same role and epoch as before, but a new process without the job
+    group = [
+        ReplicaView("p", "a:1", True, "primary", 1, {"j": 8}, ("a:2",)),
+        ReplicaView("b", "a:2", True, "backup", 1, {}, restarted=True),
+    ]
+    assert decide(group, "p", frozenset({"j"}), recorded_epoch=1) == [
+        DropBackups("a:1", 1, ()),
+        AddBackup("a:1", "a:2", 1, ("a:2",)),
+    ]
