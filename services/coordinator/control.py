@@ -74,6 +74,9 @@ class Control:
         # leader admits jobs without end; heartbeats and reconciles walk only these.
         self.live_jobs: dict[str, jobs.Job] = {}
         self.groups: dict[int, tuple[str, int]] = {}  # shard -> (primary node id, epoch)
+        # shard -> (primary node id, the process instance the group relies on), stored
+        # with the group so that a new leader tells a primary restarted meanwhile
+        self.primary_instances: dict[int, tuple[str, str]] = {}
         self.views: dict[str, ReplicaView] = {}  # paramserver node id -> last poll
         self.lost_groups: set[int] = set()  # every replica gone; a restore is pending
         self.restore_generation = 0  # bumped when a restore rewinds versions
@@ -121,7 +124,7 @@ class Control:
         jobs_out = [job_to_proto(self.jobs[j]) for j in sorted(self._dirty_jobs) if j in self.jobs]
         nodes_out = [self.node_proto(self.members.nodes[n]) for n in sorted(self._dirty_nodes)]
         groups_out = [
-            (s, *self.groups.get(s, ("", 0)), s in self.lost_groups)
+            (s, *self.groups.get(s, ("", 0)), s in self.lost_groups, self._primary_instance(s))
             for s in sorted(self._dirty_groups)
         ]
         errors_out = self._errors_out()
@@ -135,8 +138,8 @@ class Control:
                 self.state.put_job(epoch, job)
             for node in nodes_out:
                 self.state.put_node(epoch, node)
-            for shard, primary, group_epoch, lost in groups_out:
-                self.state.put_group(epoch, shard, primary, group_epoch, lost)
+            for shard, primary, group_epoch, lost, instance in groups_out:
+                self.state.put_group(epoch, shard, primary, group_epoch, lost, instance)
             for job_id, entries in errors_out:
                 self.state.put_task_errors(epoch, job_id, entries)
             if recoveries != self.recoveries:  # with the events that complete them
@@ -249,6 +252,7 @@ class Control:
             self.live_jobs = dict(self.jobs)  # the _reconcile below leaves the released out
             self.groups, self.views = groups, {}
             self.lost_groups = await self.io(self.state.lost_groups)
+            self.primary_instances = await self.io(self.state.primary_instances)
             self.events.reset(last)
             self.epoch = epoch
             self.events.add(EV.EVENT_KIND_LEADER_ELECTED, f"leader elected at epoch {epoch}",
@@ -256,6 +260,11 @@ class Control:
             self._reconcile(now)
             await self._flush()
         log.info("leading", epoch=epoch, jobs=len(self.jobs), nodes=len(self.members.nodes))
+
+    def _primary_instance(self, shard: int) -> str:
+        """The stored instance of the shard's recorded primary; "" if not known."""
+        primary_id, instance = self.primary_instances.get(shard, ("", ""))
+        return instance if primary_id and primary_id == self.groups.get(shard, ("", 0))[0] else ""
 
     def _read_all(self):
         s = self.state

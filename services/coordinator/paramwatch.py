@@ -220,11 +220,19 @@ class ParamWatch:
         another replica is recorded in its place. Any other replica is flagged for the
         one poll that sees the change: that poll takes it off its primary's list and
         adds it again (``promotion._unconfigured``), which installs its state."""
+        c = self.control
+        primary_id, _ = c.groups.get(node.shard, ("", 0))
+        is_primary = node.node_id == primary_id
         known = self._instances.get(node.node_id)
-        primary_id, _ = self.control.groups.get(node.shard, ("", 0))
+        if known is None and is_primary:  # a new leader: the one stored with the group
+            known = c._primary_instance(node.shard) or None
         restarted = bool(known) and instance != known and self._behind(node, versions)
-        if not (restarted and node.node_id == primary_id):
-            self._instances[node.node_id] = instance
+        if restarted and is_primary:
+            return True
+        self._instances[node.node_id] = instance
+        if is_primary and instance and c._primary_instance(node.shard) != instance:
+            c.primary_instances[node.shard] = (node.node_id, instance)
+            c._dirty_groups.add(node.shard)
         return restarted
 
     def _behind(self, node, versions: dict[str, int]) -> bool:

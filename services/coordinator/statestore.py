@@ -8,7 +8,8 @@ Keys (under an optional prefix, so several clusters can share one store):
                             stalwart_coordinator_recoveries_total the leader exports)
     jobs/<job_id>           serialized stalwart.v1.Job
     nodes/<node_id>         serialized stalwart.v1.Node
-    groups/<shard>          JSON: recorded primary node id and epoch of a shard group;
+    groups/<shard>          JSON: recorded primary node id and epoch of a shard group
+                            (and the primary's process instance, once polled);
                             "lost": true while every replica is gone (restore pending)
     checkpoints/<job_id>    JSON: how many checkpoints the job has taken (tiering)
     usererrors/<job_id>     JSON: the job's counts of user-code error reports
@@ -141,18 +142,35 @@ class StateStore:
         self.store.kv_put(self.key(f"nodes/{node.node_id}"), node.SerializeToString())
 
     def put_group(
-        self, epoch: int, shard: int, primary_id: str, group_epoch: int, lost: bool = False
+        self,
+        epoch: int,
+        shard: int,
+        primary_id: str,
+        group_epoch: int,
+        lost: bool = False,
+        instance: str = "",
     ) -> None:
         self.check(epoch)
-        record = {"primary": primary_id, "epoch": group_epoch}
+        record: dict = {"primary": primary_id, "epoch": group_epoch}
         if lost:
             record["lost"] = True
+        if instance:  # the primary's process (GetReplicaStatus.instance)
+            record["instance"] = instance
         self.store.kv_put(self.key(f"groups/{shard}"), json.dumps(record).encode())
 
     def lost_groups(self) -> set[int]:
         """Shards whose every replica was lost and that wait for a restore."""
         items = self.store.kv_list(self.key("groups/")).items()
         return {int(k.rsplit("/", 1)[1]) for k, v in items if json.loads(v).get("lost")}
+
+    def primary_instances(self) -> dict[int, tuple[str, str]]:
+        """shard -> (recorded primary, its process instance), where one was stored."""
+        out = {}
+        for key, value in self.store.kv_list(self.key("groups/")).items():
+            record = json.loads(value)
+            if record.get("instance"):
+                out[int(key.rsplit("/", 1)[1])] = (record["primary"], record["instance"])
+        return out
 
     def put_checkpoint_count(self, epoch: int, job_id: str, taken: int) -> None:
         self.check(epoch)

@@ -183,3 +183,45 @@ async def test_a_backup_restarted_while_the_job_is_idle_is_caught_up(cluster_pro
             assert {j.job_id: j.version for j in got.jobs} == {"job-i": 3}
 
         await assert_eventually_async(caught_up, timeout=30)
+
+
+async def test_a_new_leader_tells_a_primary_restarted_meanwhile(cluster_procs):
+    # The leader and the primary die together; the primary comes back empty under its
+    # id before the standby coordinator leads. The new leader never polled the old
+    # process: it finds its instance stored with the group.
+    procs = cluster_procs
+    c1 = procs.coordinator("c1", *SLOW_DETECTION)
+    await wait_leader(c1.address)
+    c2 = procs.coordinator("c2", *SLOW_DETECTION)
+    join = ("--coordinator", f"{c1.address},{c2.address}")
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    primary_args = ("--role", "primary", "--backups", backup.address, *join)
+    primary = procs.start("services.paramserver", "ps-p", *primary_args)
+    port = primary.address.rsplit(":", 1)[1]
+    initial = {"w": torch.zeros(4)}
+    header = model_header("job-l", initial, sgd(0.1), consistency("sync"), num_slots=1)
+
+    async with CoordinatorClient([c1.address, c2.address]) as client, stubs() as stub_for:
+        await wait_replicas(client, {"ps-p", "ps-b"})
+        await client.create_job(small_spec(num_slots=1), job_id="job-l")
+        await register_raw(stub_for(primary.address), header, initial)
+        for step in range(3):
+            await push_raw(stub_for(primary.address),
+                           push_messages("job-l", step, 0, {"w": torch.ones(4)}, step))  # fmt: skip
+
+        async def polled():  # the leader has seen the primary and its steps
+            assert (await client.get_job("job-l")).step == 3
+
+        await assert_eventually_async(polled, timeout=30)
+        primary.kill()
+        c1.kill()
+        procs.launch("services.paramserver", "ps-p-again", "--node-id", "ps-p",
+                     *primary_args, "--port", port)  # fmt: skip
+
+        async def backup_promoted():
+            got = await replica(backup.address)
+            assert (got.role, got.epoch) == (PRIMARY, 2)
+            assert {j.job_id: j.version for j in got.jobs} == {"job-l": 3}
+
+        await assert_eventually_async(backup_promoted, timeout=60)
+        assert (await wait_leader(c2.address)).epoch > 1
