@@ -108,6 +108,32 @@ async def replica(address: str) -> paramserver.GetReplicaStatusResponse:
         return await replica_status(stub_for(address))
 
 
+def pair(procs, join: tuple[str, ...]):
+    """(backup, primary, the primary's flags) of one coordinated shard group."""
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    primary_args = ("--role", "primary", "--backups", backup.address, *join)
+    return backup, procs.start("services.paramserver", "ps-p", *primary_args), primary_args
+
+
+async def three_steps(client, primary_address: str, job_id: str) -> None:
+    """Admit a one-slot job, register it on the primary, commit three steps, and wait
+    until the leader has polled them."""
+    initial = {"w": torch.zeros(4)}
+    header = model_header(job_id, initial, sgd(0.1), consistency("sync"), num_slots=1)
+    await wait_replicas(client, {"ps-p", "ps-b"})
+    await client.create_job(small_spec(num_slots=1), job_id=job_id)
+    async with stubs() as stub_for:
+        await register_raw(stub_for(primary_address), header, initial)
+        for step in range(3):
+            grads = {"w": torch.ones(4)}
+            await push_raw(stub_for(primary_address), push_messages(job_id, step, 0, grads, step))
+
+    async def polled():
+        assert (await client.get_job(job_id)).step == 3
+
+    await assert_eventually_async(polled, timeout=30)
+
+
 async def test_a_backup_restarted_with_its_flags_after_a_failover_is_caught_up(cluster_procs):
     # After a failover to epoch 2, the old primary became the new one's backup. Each
     # time it restarts with its start-up flags (primary, epoch 1) it refuses the
@@ -115,26 +141,11 @@ async def test_a_backup_restarted_with_its_flags_after_a_failover_is_caught_up(c
     procs = cluster_procs
     coord = procs.coordinator("c1")
     await wait_leader(coord.address)
-    join = ("--coordinator", coord.address)
-    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
-    primary_args = ("--role", "primary", "--backups", backup.address, *join)
-    primary = procs.start("services.paramserver", "ps-p", *primary_args)
+    backup, primary, primary_args = pair(procs, ("--coordinator", coord.address))
     port = primary.address.rsplit(":", 1)[1]
-    initial = {"w": torch.zeros(4)}
-    header = model_header("job-r", initial, sgd(0.1), consistency("sync"), num_slots=1)
 
-    async with CoordinatorClient(coord.address) as client, stubs() as stub_for:
-        await wait_replicas(client, {"ps-p", "ps-b"})
-        await client.create_job(small_spec(num_slots=1), job_id="job-r")
-        await register_raw(stub_for(primary.address), header, initial)
-        for step in range(3):
-            await push_raw(stub_for(primary.address),
-                           push_messages("job-r", step, 0, {"w": torch.ones(4)}, step))  # fmt: skip
-
-        async def polled():  # the leader has seen the primary and its steps
-            assert (await client.get_job("job-r")).step == 3
-
-        await assert_eventually_async(polled, timeout=30)
+    async with CoordinatorClient(coord.address) as client:
+        await three_steps(client, primary.address, "job-r")
         primary.kill()
 
         async def caught_up(address: str, role: int):
@@ -159,24 +170,14 @@ async def test_a_backup_restarted_while_the_job_is_idle_is_caught_up(cluster_pro
     coord = procs.coordinator("c1")
     await wait_leader(coord.address)
     join = ("--coordinator", coord.address)
-    backup_args = ("--role", "backup", *join)
-    backup = procs.start("services.paramserver", "ps-b", *backup_args)
-    primary = procs.start("services.paramserver", "ps-p", "--role", "primary",
-                          "--backups", backup.address, *join)  # fmt: skip
+    backup, primary, _ = pair(procs, join)
     port = backup.address.rsplit(":", 1)[1]
-    initial = {"w": torch.zeros(4)}
-    header = model_header("job-i", initial, sgd(0.1), consistency("sync"), num_slots=1)
 
-    async with CoordinatorClient(coord.address) as client, stubs() as stub_for:
-        await wait_replicas(client, {"ps-p", "ps-b"})
-        await client.create_job(small_spec(num_slots=1), job_id="job-i")
-        await register_raw(stub_for(primary.address), header, initial)
-        for step in range(3):
-            await push_raw(stub_for(primary.address),
-                           push_messages("job-i", step, 0, {"w": torch.ones(4)}, step))  # fmt: skip
+    async with CoordinatorClient(coord.address) as client:
+        await three_steps(client, primary.address, "job-i")
         backup.kill()
         again = procs.launch("services.paramserver", "ps-b-again", "--node-id", "ps-b",
-                             *backup_args, "--port", port)  # fmt: skip
+                             "--role", "backup", *join, "--port", port)  # fmt: skip
 
         async def caught_up():
             got = await replica(again.address)
@@ -193,26 +194,11 @@ async def test_a_new_leader_tells_a_primary_restarted_meanwhile(cluster_procs):
     c1 = procs.coordinator("c1", *SLOW_DETECTION)
     await wait_leader(c1.address)
     c2 = procs.coordinator("c2", *SLOW_DETECTION)
-    join = ("--coordinator", f"{c1.address},{c2.address}")
-    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
-    primary_args = ("--role", "primary", "--backups", backup.address, *join)
-    primary = procs.start("services.paramserver", "ps-p", *primary_args)
+    backup, primary, primary_args = pair(procs, ("--coordinator", f"{c1.address},{c2.address}"))
     port = primary.address.rsplit(":", 1)[1]
-    initial = {"w": torch.zeros(4)}
-    header = model_header("job-l", initial, sgd(0.1), consistency("sync"), num_slots=1)
 
-    async with CoordinatorClient([c1.address, c2.address]) as client, stubs() as stub_for:
-        await wait_replicas(client, {"ps-p", "ps-b"})
-        await client.create_job(small_spec(num_slots=1), job_id="job-l")
-        await register_raw(stub_for(primary.address), header, initial)
-        for step in range(3):
-            await push_raw(stub_for(primary.address),
-                           push_messages("job-l", step, 0, {"w": torch.ones(4)}, step))  # fmt: skip
-
-        async def polled():  # the leader has seen the primary and its steps
-            assert (await client.get_job("job-l")).step == 3
-
-        await assert_eventually_async(polled, timeout=30)
+    async with CoordinatorClient([c1.address, c2.address]) as client:
+        await three_steps(client, primary.address, "job-l")
         primary.kill()
         c1.kill()
         procs.launch("services.paramserver", "ps-p-again", "--node-id", "ps-p",
