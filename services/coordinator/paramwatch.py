@@ -207,6 +207,7 @@ class ParamWatch:
             node_id, address, True, role, answer.epoch, versions,
             tuple(b.address for b in answer.backups),
             restarted=self._restarted(node, answer.instance, versions),
+            in_sync=tuple(b.address for b in answer.backups if b.in_sync),
         )  # fmt: skip
         if node.replica_role != role:
             node.replica_role = role
@@ -216,10 +217,10 @@ class ParamWatch:
         """Whether the replica answers from another process than the one polled before,
         behind what the group has: it lost its state in a restart.
 
-        The group's recorded primary stays flagged (its old process remembered) until
-        another replica is recorded in its place. Any other replica is flagged for the
-        one poll that sees the change: that poll takes it off its primary's list and
-        adds it again (``promotion._unconfigured``), which installs its state."""
+        The old process stays remembered, and the replica flagged, until the new one
+        holds what the group has: a recorded primary is replaced by a backup
+        (``promotion.decide``), a backup is taken off its primary's list and added
+        again, which installs its state (``promotion._unconfigured``)."""
         c = self.control
         primary_id, _ = c.groups.get(node.shard, ("", 0))
         is_primary = node.node_id == primary_id
@@ -227,13 +228,13 @@ class ParamWatch:
         if known is None and is_primary:  # a new leader: the one stored with the group
             known = c._primary_instance(node.shard) or None
         restarted = bool(known) and instance != known and self._behind(node, versions)
-        if restarted and is_primary:
+        if restarted:
             return True
         self._instances[node.node_id] = instance
         if is_primary and instance and c._primary_instance(node.shard) != instance:
             c.primary_instances[node.shard] = (node.node_id, instance)
             c._dirty_groups.add(node.shard)
-        return restarted
+        return False
 
     def _behind(self, node, versions: dict[str, int]) -> bool:
         """Whether ``versions`` (the replica's jobs) lack a job, or a version of one,
@@ -259,7 +260,7 @@ class ParamWatch:
             slow = self._slow.get(node.node_id, 0) >= SLOW_POLLS
             out.append(promotion.ReplicaView(view.node_id, node.address, alive, view.role, view.epoch,
                                              view.versions, view.backups, quarantined, slow,
-                                             view.restarted))  # fmt: skip
+                                             view.restarted, view.in_sync))  # fmt: skip
         return out
 
     def shards(self) -> list[int]:

@@ -34,6 +34,8 @@ class ReplicaView:
     # Answering from a new process (another instance id), behind what the group
     # has: it lost its state when it restarted.
     restarted: bool = False
+    # for a primary: the backups' addresses it counts as holding every update
+    in_sync: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,14 +207,16 @@ def _add_backups(
 
 
 def _unconfigured(group: Sequence[ReplicaView], primary: ReplicaView) -> list[ReplicaView]:
-    """Listed backups that restarted: the primary's link to one still counts the
-    jobs the old process held as in sync, so nothing is installed on it until a
-    commit fails there (never, while the job is idle). One restarted with its
-    start-up flags (a lower epoch, or primary) also refuses the primary's
-    replication and, listed already, would never be configured again."""
+    """Listed backups that restarted. While the primary counts one in sync, its link
+    still counts the jobs the old process held, so nothing is installed on it until
+    a commit fails there (never, while the job is idle); once re-added, the new
+    link is out of sync until the install is done, so it is not re-added again
+    meanwhile. One restarted with its start-up flags (a lower epoch, or primary)
+    also refuses the primary's replication and, listed already, would never be
+    configured again."""
     return [
         r for r in group
         if r.address in primary.backups and r.alive and not r.slow and r.role
-        and (r.restarted or r.epoch < primary.epoch
+        and ((r.restarted and r.address in primary.in_sync) or r.epoch < primary.epoch
              or (r.epoch == primary.epoch and r.role != "backup"))
     ]  # fmt: skip

@@ -343,12 +343,16 @@ def test_a_listed_backup_at_the_primarys_epoch_is_left_alone() -> None:
 
 
 def test_a_listed_backup_restarted_under_its_flags_is_added_again() -> None:
-    # same role and epoch as before, but a new process without the job
+    # same role and epoch as before, but a new process without the job, which the
+    # primary's link still counts in sync
     group = [
-        ReplicaView("p", "a:1", True, "primary", 1, {"j": 8}, ("a:2",)),
+        ReplicaView("p", "a:1", True, "primary", 1, {"j": 8}, ("a:2",), in_sync=("a:2",)),
         ReplicaView("b", "a:2", True, "backup", 1, {}, restarted=True),
     ]
     assert decide(group, "p", frozenset({"j"}), recorded_epoch=1) == [
         DropBackups("a:1", 1, ()),
         AddBackup("a:1", "a:2", 1, ("a:2",)),
     ]
+    # re-added, its new link is out of sync until the install is done: left to it
+    group[0] = ReplicaView("p", "a:1", True, "primary", 1, {"j": 8}, ("a:2",))
+    assert decide(group, "p", frozenset({"j"}), recorded_epoch=1) == []
