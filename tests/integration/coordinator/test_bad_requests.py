@@ -177,7 +177,10 @@ async def test_paramserver_refuses_models_of_jobs_never_admitted(cluster):
             assert (await client.get_job("real")).step == 1
 
         await assert_eventually_async(committed, timeout=30)
-        fresh = cluster.paramserver("ps-fresh", "--role", "primary", "--coordinator", coord.address)
+        # (another shard: in the same one the leader would make it a backup of "ps")
+        fresh = cluster.paramserver(
+            "ps-fresh", "--role", "primary", "--shard", "1", "--coordinator", coord.address
+        )
         err = await _refused(register_raw(stub_for(fresh.address), header("real"), initial),
                              Code.FAILED_PRECONDITION, ErrorKind.FAILED_PRECONDITION)  # fmt: skip
         assert "1 committed steps that this replica does not hold" in err.message
