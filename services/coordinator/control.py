@@ -250,9 +250,11 @@ class Control:
             self.members.refresh_all(now)  # nobody dies only because the leader changed
             self._restore_standbys(nodes_in)
             self.live_jobs = dict(self.jobs)  # the _reconcile below leaves the released out
-            self.groups, self.views = groups, {}
-            self.lost_groups = await self.io(self.state.lost_groups)
-            self.primary_instances = await self.io(self.state.primary_instances)
+            self.groups = {k: (g.primary, g.epoch) for k, g in groups.items()}
+            self.lost_groups = {k for k, g in groups.items() if g.lost}
+            self.primary_instances = {k: (g.primary, g.instance)
+                                      for k, g in groups.items() if g.instance}  # fmt: skip
+            self.views = {}
             self.events.reset(last)
             self.epoch = epoch
             self.events.add(EV.EVENT_KIND_LEADER_ELECTED, f"leader elected at epoch {epoch}",

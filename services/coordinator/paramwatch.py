@@ -241,9 +241,8 @@ class ParamWatch:
         that the group is known to have: committed steps on the leader's books, or
         what the group's other live replicas hold (ahead of the books by a poll)."""
         group = [r for r in self.group(node.shard) if r.alive and r.node_id != node.node_id]
-        known = {j.job_id: j.step for j in self.control.live_jobs.values()
-                 if not j.finished and node.shard < j.num_shards and j.step > 0}  # fmt: skip
-        return promotion.behind(versions, [known, *(r.versions for r in group)])
+        others = [self._committed_steps(node.shard), *(r.versions for r in group)]
+        return promotion.behind(versions, others)
 
     def group(self, shard: int) -> list[promotion.ReplicaView]:
         """The shard's replicas with liveness from membership (dead ones keep their last epoch)."""
@@ -295,10 +294,14 @@ class ParamWatch:
 
     def _committed(self, shard: int) -> frozenset[str]:
         """The live jobs with committed steps on ``shard`` (their state exists there)."""
-        return frozenset(
-            j.job_id for j in self.control.live_jobs.values()
+        return frozenset(self._committed_steps(shard))
+
+    def _committed_steps(self, shard: int) -> dict[str, int]:
+        """Those jobs with their committed steps."""
+        return {
+            j.job_id: j.step for j in self.control.live_jobs.values()
             if not j.finished and shard < j.num_shards and j.step > 0
-        )  # fmt: skip
+        }  # fmt: skip
 
     def _progress(self) -> None:
         """Each active job's committed step is the lowest version among its shards' primaries."""

@@ -38,6 +38,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from stalwart.api import common, coordinator
 from stalwart.errors import StalwartError
@@ -83,6 +84,16 @@ def check_prefix(prefix: str) -> str:
             "(not starting with '.', no '//')"
         ) from None
     return prefix
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A shard group as stored (``groups/<shard>``)."""
+
+    primary: str  # the recorded primary's node id
+    epoch: int
+    lost: bool = False  # every replica gone; a restore is pending
+    instance: str = ""  # the primary's process (GetReplicaStatus.instance), once polled
 
 
 class StateStore:
@@ -157,20 +168,6 @@ class StateStore:
         if instance:  # the primary's process (GetReplicaStatus.instance)
             record["instance"] = instance
         self.store.kv_put(self.key(f"groups/{shard}"), json.dumps(record).encode())
-
-    def lost_groups(self) -> set[int]:
-        """Shards whose every replica was lost and that wait for a restore."""
-        items = self.store.kv_list(self.key("groups/")).items()
-        return {int(k.rsplit("/", 1)[1]) for k, v in items if json.loads(v).get("lost")}
-
-    def primary_instances(self) -> dict[int, tuple[str, str]]:
-        """shard -> (recorded primary, its process instance), where one was stored."""
-        out = {}
-        for key, value in self.store.kv_list(self.key("groups/")).items():
-            record = json.loads(value)
-            if record.get("instance"):
-                out[int(key.rsplit("/", 1)[1])] = (record["primary"], record["instance"])
-        return out
 
     def put_checkpoint_count(self, epoch: int, job_id: str, taken: int) -> None:
         self.check(epoch)
@@ -277,11 +274,14 @@ class StateStore:
             _parse(coordinator.Node, v) for v in self.store.kv_list(self.key("nodes/")).values()
         ]
 
-    def groups(self) -> dict[int, tuple[str, int]]:
+    def groups(self) -> dict[int, GroupRecord]:
+        """Every shard group's stored record, read in one listing."""
         out = {}
         for key, value in self.store.kv_list(self.key("groups/")).items():
-            record = json.loads(value)
-            out[int(key.rsplit("/", 1)[1])] = (record["primary"], int(record["epoch"]))
+            r = json.loads(value)
+            out[int(key.rsplit("/", 1)[1])] = GroupRecord(
+                r["primary"], int(r["epoch"]), bool(r.get("lost")), r.get("instance", "")
+            )
         return out
 
     def events(self, after: int = 0) -> list[common.Event]:
