@@ -277,7 +277,15 @@ class ParamWatch:
             )
             if primary is not None and c.groups.get(shard) != (primary.node_id, primary.epoch):
                 c.groups[shard] = (primary.node_id, primary.epoch)
+                self._record_instance(shard, primary.node_id)
                 c._dirty_groups.add(shard)
+
+    def _record_instance(self, shard: int, primary_id: str) -> None:
+        """Store the process of a primary just recorded with its group, in the same
+        write (the next poll would, but a leader may die before it)."""
+        instance = self._instances.get(primary_id)
+        if instance:
+            self.control.primary_instances[shard] = (primary_id, instance)
 
     def _decisions(self) -> list[tuple[int, promotion.Decision]]:
         c = self.control
@@ -428,6 +436,7 @@ class ParamWatch:
             c.require_leader()
             previous = c.groups.get(shard, ("", 0))[0]  # whose death this recovers from
             c.groups[shard] = (d.node_id, d.epoch)
+            self._record_instance(shard, d.node_id)
             c._dirty_groups.add(shard)
             c.events.add(EV.EVENT_KIND_REPLICA_PROMOTED,
                          f"paramserver {d.node_id} promoted to primary of shard {shard} at epoch {d.epoch}",

@@ -117,7 +117,7 @@ def pair(procs, join: tuple[str, ...]):
 
 async def three_steps(client, primary_address: str, job_id: str) -> None:
     """Admit a one-slot job, register it on the primary, commit three steps, and wait
-    until the leader has polled them."""
+    until the leader has polled them and written what it saw."""
     initial = {"w": torch.zeros(4)}
     header = model_header(job_id, initial, sgd(0.1), consistency("sync"), num_slots=1)
     await wait_replicas(client, {"ps-p", "ps-b"})
@@ -128,10 +128,11 @@ async def three_steps(client, primary_address: str, job_id: str) -> None:
             grads = {"w": torch.ones(4)}
             await push_raw(stub_for(primary_address), push_messages(job_id, step, 0, grads, step))
 
-    async def polled():
-        assert (await client.get_job(job_id)).step == 3
+    async def stored():  # events are published once the leader's books are written
+        events = await job_events(client, job_id)
+        assert any(e.kind == common.EVENT_KIND_STEP_COMMITTED and e.step == 3 for e in events)
 
-    await assert_eventually_async(polled, timeout=30)
+    await assert_eventually_async(stored, timeout=30)
 
 
 async def test_a_backup_restarted_with_its_flags_after_a_failover_is_caught_up(cluster_procs):
