@@ -50,6 +50,19 @@ class BackupLink:
     address: str
     synced_jobs: set[str] = field(default_factory=set)
     last_error: str = ""
+    # The backup's process the synced jobs are on ("" until one answered with it).
+    instance: str = ""
+
+    def answered_from(self, instance: str) -> bool:
+        """The backup answered from process ``instance``. True when that is another
+        process than the one the synced jobs were on: it was restarted under its
+        address and holds none of them, so none counts as in sync any more."""
+        restarted = bool(instance and self.instance and instance != self.instance)
+        if restarted:
+            self.synced_jobs.clear()
+        if instance:
+            self.instance = instance
+        return restarted
 
 
 @dataclass

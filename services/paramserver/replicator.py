@@ -145,9 +145,22 @@ class Replicator:
                 lambda: self._stub_for(address).ReplicateStream(),
                 lambda: self.replica.epoch,
                 self.ack_timeout_s,
+                lambda instance: self._answered_from(address, instance),
             )
         call = link.usable()
         return None if call is None else (link, call)
+
+    def keep_streams_open(self) -> None:
+        """Open (or reopen, when due) the stream to every backup, jobs idle or not:
+        its opening tells a backup restarted under its address (``_answered_from``)."""
+        for address in list(self.replica.backups):
+            self._stream_to(address)
+
+    def _answered_from(self, address: str, instance: str) -> None:
+        link = self.replica.backups.get(address)
+        if link is not None and link.answered_from(instance):
+            log.warning("backup restarted, its jobs to be installed again",
+                        backup=address, instance=instance)  # fmt: skip
 
     def streaming(self, address: str) -> bool:
         link = self.links.get(address)
@@ -304,7 +317,9 @@ class Replicator:
                 yield message
 
         try:
-            await self._stub_for(address).InstallState(messages(), timeout=REPLICATION_TIMEOUT_S)
+            answer = await self._stub_for(address).InstallState(
+                messages(), timeout=REPLICATION_TIMEOUT_S
+            )
         except grpc.RpcError as exc:
             err = RpcError.from_grpc(exc)
             self._check_fenced(err)
@@ -312,6 +327,7 @@ class Replicator:
             return
         link = self.replica.backups.get(address)
         if link is not None:
+            self._answered_from(address, answer.instance)
             link.synced_jobs.add(header.model.job_id)
             link.last_error = ""
         self.acked[(address, header.model.job_id)] = header.version

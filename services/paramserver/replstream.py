@@ -105,10 +105,12 @@ class StreamLink:
         open_call: Callable[[], grpc.aio.StreamStreamCall],
         epoch: Callable[[], int],
         ack_timeout_s: float,
+        opened: Callable[[str], None] = lambda instance: None,
     ):
         self.address = address
         self._open_call = open_call
         self._epoch = epoch
+        self._opened = opened  # told the backup's process instance at each opening
         self.ack_timeout_s = ack_timeout_s
         self.call: grpc.aio.StreamStreamCall | None = None
         self.ready = False
@@ -153,7 +155,11 @@ class StreamLink:
                 if first is not grpc.aio.EOF and first.WhichOneof("result") == "error":
                     reason = f"stream refused: {first.error.message}"
                 raise _Ended
-            self.ready = self.call is call
+            if self.call is call:
+                # before any operation can use the stream: a restarted backup's
+                # jobs must be out of sync by then
+                self._opened(first.opened.instance)
+                self.ready = True
             while True:
                 message = await call.read()
                 if message is grpc.aio.EOF:
@@ -334,7 +340,8 @@ class BackupSession:
     """One incoming replication stream on a backup.
 
     ``check(epoch)`` raises the unary calls' epoch error; ``stage(header, assembler)``
-    and ``commit(request, wait_s)`` do what ReplicatePush and ReplicateCommit do.
+    and ``commit(request, wait_s)`` do what ReplicatePush and ReplicateCommit do;
+    ``instance`` (this process) is told to the primary when the stream opens.
     """
 
     def __init__(
@@ -344,8 +351,10 @@ class BackupSession:
         limits: codec.Limits,
         stage: Callable[[paramserver.ReplicatePushHeader, codec.ChunkAssembler], Awaitable[None]],
         commit: Callable[[paramserver.ReplicateCommitRequest], Awaitable[int]],
+        instance: str = "",
     ):
         self.context = context
+        self.instance = instance
         self.check = check
         self.limits = limits
         self.stage = stage
@@ -367,7 +376,9 @@ class BackupSession:
             await self._error(0, err)
             return
         await self._write(
-            paramserver.ReplicateStreamResponse(opened=paramserver.ReplicateStreamOpened())
+            paramserver.ReplicateStreamResponse(
+                opened=paramserver.ReplicateStreamOpened(instance=self.instance)
+            )
         )
         try:
             async for message in request_iterator:

@@ -648,7 +648,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         """The replication stream (services/paramserver/replstream.py)."""
         session = replstream.BackupSession(
             context, self._from_primary, self.limits, self._stage_forwarded,
-            lambda request: self._commit_forwarded(request, None),
+            lambda request: self._commit_forwarded(request, None), self.instance,
         )  # fmt: skip
         task = asyncio.current_task()
         self._sessions[task] = session
@@ -693,7 +693,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         async with runtime.lock:
             await runtime.settle_fingerprints()
         log.info("state installed", job=model.job_id, version=model.version)
-        return paramserver.InstallStateResponse(version=model.version)
+        return paramserver.InstallStateResponse(version=model.version, instance=self.instance)
 
     # --- background -------------------------------------------------------------
 
@@ -703,6 +703,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             await asyncio.sleep(interval_s)
             if self.replica.role is not Role.PRIMARY:
                 continue
+            self.replicator.keep_streams_open()
             for job in list(self.jobs.values()):
                 for address in list(self.replica.backups):
                     if address in self.replicator.synced(job.model.job_id):

@@ -212,3 +212,31 @@ async def test_a_new_leader_tells_a_primary_restarted_meanwhile(cluster_procs):
 
         await assert_eventually_async(backup_promoted, timeout=60)
         assert (await wait_leader(c2.address)).epoch > 1
+
+
+async def test_a_backup_restarted_while_the_leader_changes_is_caught_up(cluster_procs):
+    # The leader and the backup die together and the backup comes back empty under its
+    # id. The new leader never saw the old backup process, so it cannot tell the new
+    # one is behind; the primary does, from the instance its replication stream opens
+    # to, and installs the job again.
+    procs = cluster_procs
+    c1 = procs.coordinator("c1", *SLOW_DETECTION)
+    await wait_leader(c1.address)
+    c2 = procs.coordinator("c2", *SLOW_DETECTION)
+    join = ("--coordinator", f"{c1.address},{c2.address}")
+    backup, primary, _ = pair(procs, join)
+    port = backup.address.rsplit(":", 1)[1]
+
+    async with CoordinatorClient([c1.address, c2.address]) as client:
+        await three_steps(client, primary.address, "job-b")
+        backup.kill()
+        c1.kill()
+        again = procs.launch("services.paramserver", "ps-b-again", "--node-id", "ps-b",
+                             "--role", "backup", *join, "--port", port)  # fmt: skip
+
+        async def caught_up():
+            got = await replica(again.address)
+            assert {j.job_id: j.version for j in got.jobs} == {"job-b": 3}
+
+        await assert_eventually_async(caught_up, timeout=60)
+        assert (await wait_leader(c2.address)).epoch > 1

@@ -190,3 +190,17 @@ def test_configure_non_primary_has_no_backups(role):
     state = replica(Role.PRIMARY)
     assert state.configure(role, 7, ["b1:1"]) is Check.OK
     assert (state.role, state.epoch, state.backups) == (role, 7, {})
+
+
+def test_a_backup_answering_from_another_process_holds_no_job_in_sync():
+    link = BackupLink("b1:1")
+    link.synced_jobs.add("j1")
+    assert not link.answered_from("p1")  # the first process seen: nothing to compare
+    link.synced_jobs.add("j2")
+    assert not link.answered_from("p1")
+    assert not link.answered_from("")  # a backup that does not say: taken as the same
+    assert link.synced_jobs == {"j1", "j2"}
+    assert link.answered_from("p2")  # restarted under its address: holds nothing
+    assert (link.synced_jobs, link.instance) == (set(), "p2")
+    link.synced_jobs.add("j1")  # installed on the new process
+    assert not link.answered_from("p2") and link.synced_jobs == {"j1"}

@@ -128,6 +128,25 @@ async def test_a_backup_without_the_call_stays_on_unary_calls() -> None:
     assert len(calls) == 1  # not asked again for a minute
 
 
+async def test_the_backups_process_is_told_before_the_stream_is_used() -> None:
+    calls: list[ScriptedCall] = []
+    told: list[tuple[str, bool]] = []
+
+    def open_call() -> ScriptedCall:
+        calls.append(ScriptedCall())
+        return calls[-1]
+
+    def opened(instance: str) -> None:
+        told.append((instance, link.ready))
+
+    link = replstream.StreamLink("backup:1", open_call, lambda: 7, 5.0, opened)
+    assert link.usable() is None
+    calls[-1].answer(opened=paramserver.ReplicateStreamOpened(instance="p1"))
+    while not link.ready:
+        await asyncio.sleep(0)
+    assert told == [("p1", False)]  # no operation could go out on it before
+
+
 def codec_chunk() -> bytes:
     return codec.chunk_message(0, 0, b"\x00" * 8, 1)
 
