@@ -204,10 +204,13 @@ test: setup backends deploy-tools api-tools ts-client k8s-apiserver
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
-# Seeded fault schedules (tests/chaos): `make test` runs a few, this runs SEEDS.
+# Seeded fault schedules (tests/chaos): `make test` runs a few, this runs SEEDS
+# (kill -9 and SIGSTOP) and RESTART_SEEDS (supervisor restarts).
 SEEDS ?= 0-49
+RESTART_SEEDS ?= $(SEEDS)
 chaos: setup
-	STALWART_CHAOS_SEEDS='$(SEEDS)' $(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+	STALWART_CHAOS_SEEDS='$(SEEDS)' STALWART_CHAOS_RESTART_SEEDS='$(RESTART_SEEDS)' \
+	  $(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------- run
 

@@ -24,6 +24,7 @@ file), which imported torch once for all of them and is stopped last by ``down``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -157,6 +158,8 @@ class LocalCluster:
     stopped_at: float | None = None
     launcher: Launcher | None = None
     """The run's detached launcher, if it has one (``ClusterConfig.launcher``)."""
+    specs: dict[str, _Spec] = field(default_factory=dict)
+    """How each member this process started was started (for ``restart``)."""
 
     # --- what is where -----------------------------------------------------------
 
@@ -265,6 +268,28 @@ class LocalCluster:
         self.save()
         return member
 
+    def restart(self, name: str) -> Member:
+        """Start a dead member again under its own name, node id and port with its
+        start-up flags, as a supervisor would (compose's ``restart: unless-stopped``):
+        the new process has lost its memory and claims what the flags say."""
+        dead = self.member(name)
+        if self.alive(name):
+            raise ClusterError(f"{name} is still running")
+        spec = self.specs.get(name)
+        if spec is None:
+            raise ClusterError(f"{name} was not started by this process: its flags are unknown")
+        port = dead.address.rsplit(":", 1)[1]
+        same_port = dataclasses.replace(spec, args=(*spec.args, "--port", port))
+        self.members.remove(dead)  # the name now stands for the new process
+        try:
+            member = self._start(same_port)
+        except ServiceStartError:
+            self.members.append(dead)
+            raise
+        self.specs[name] = spec
+        self.save()
+        return member
+
     # --- life cycle ----------------------------------------------------------------
 
     def _start(self, spec: _Spec) -> Member:
@@ -282,6 +307,7 @@ class LocalCluster:
                              preload=self.config.preload_services,
                              netns=host.netns if host else None, launcher=launcher)  # fmt: skip
         self.procs[spec.name] = proc
+        self.specs[spec.name] = spec
         member = Member(spec.name, spec.role, proc.address, proc.pid, str(proc.log_path),
                         spec.shard, spec.started_as, spec.local_index,
                         process_start_ticks(proc.pid) or 0)  # fmt: skip

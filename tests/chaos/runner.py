@@ -3,7 +3,8 @@
 Before each fault the cluster must be whole (a leader, every live member registered
 and alive); the fault's target is resolved from what the cluster reports at that
 moment; a killed process gets a stand-in (as an operator or Kubernetes would start
-one) and a stopped one is resumed after its pause. The outcome carries the job, its
+one), a restarted one comes back under its id and port with its start-up flags, and
+a stopped one is resumed after its pause. The outcome carries the job, its
 events and final weights, for the invariants the test checks.
 """
 
@@ -102,6 +103,11 @@ async def _hit(local, net, client, job_id, recorder, fault: Fault, applied: list
     if fault.action in ("cut", "partition"):
         await _network_fault(local, net, name, fault)
         return
+    if fault.action == "restart":
+        await asyncio.to_thread(local.kill, name)
+        await _wait_dead(local, name)
+        await asyncio.to_thread(local.restart, name)
+        return
     if fault.action == "stop":
         local.pause(name)
         try:
@@ -134,11 +140,15 @@ async def _network_fault(local, net: TestNet | None, name: str, fault: Fault) ->
 
 async def _kill_and_replace(local: cluster.LocalCluster, name: str) -> str:
     await asyncio.to_thread(local.kill, name)
+    await _wait_dead(local, name)
+    return (await asyncio.to_thread(local.replace, name)).name
+
+
+async def _wait_dead(local: cluster.LocalCluster, name: str) -> None:
     deadline = time.monotonic() + 30
     while local.alive(name):
         assert time.monotonic() < deadline, f"{name} outlived kill -9"
         await asyncio.sleep(0.05)
-    return (await asyncio.to_thread(local.replace, name)).name
 
 
 async def target(role: str, local: cluster.LocalCluster, client, job_id: str) -> str:

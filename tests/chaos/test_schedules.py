@@ -17,11 +17,14 @@ import pytest
 from stalwart import cluster
 from stalwart.api import coordinator
 from tests.chaos import runner
-from tests.chaos.schedule import parse_seeds, schedule
+from tests.chaos.schedule import RESTARTS, parse_seeds, schedule
 from tests.helpers import PRELOAD
 from tests.integration.cluster.support import assert_bitwise_equal, reference, small_spec
 
 SEEDS = parse_seeds(os.environ.get("STALWART_CHAOS_SEEDS", "0-2"))
+#: Schedules of supervisor restarts (schedule.RESTARTS): each process hit comes back
+#: under its own id and port with its start-up flags.
+RESTART_SEEDS = parse_seeds(os.environ.get("STALWART_CHAOS_RESTART_SEEDS", "0"))
 STEPS = 200
 #: Each slot step takes at least this long, so the job outlasts the repairs between
 #: faults on a loaded machine (the schedule needs every fault to land mid-job).
@@ -37,8 +40,18 @@ def fault_free() -> dict:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_schedule_ends_succeeded_and_bitwise_equal(seed: int, fault_free, tmp_path: Path) -> None:
+    _run_schedule(seed, schedule(seed, STEPS), fault_free, tmp_path)
+
+
+@pytest.mark.parametrize("seed", RESTART_SEEDS)
+def test_restart_schedule_ends_succeeded_and_bitwise_equal(
+    seed: int, fault_free, tmp_path: Path
+) -> None:
+    _run_schedule(seed, schedule(seed, STEPS, actions=RESTARTS), fault_free, tmp_path)
+
+
+def _run_schedule(seed: int, faults, fault_free: dict, tmp_path: Path) -> None:
     spec = small_spec(steps=STEPS, seed=7)
-    faults = schedule(seed, STEPS)
     print(f"\nseed {seed}:\n  " + "\n  ".join(f.describe() for f in faults))
     config = cluster.ClusterConfig(
         trainers=2, standbys=2, runs_root=tmp_path, preload_services=PRELOAD,

@@ -6,6 +6,7 @@ import pytest
 
 from tests.chaos.schedule import (
     PAIR_WITHIN_S,
+    RESTARTS,
     ROLES,
     SERVICE_OF,
     STOP_RANGE_S,
@@ -53,6 +54,18 @@ def test_a_pair_never_hits_two_replicas_of_one_service() -> None:
 def test_every_role_and_action_is_drawn_over_fifty_seeds() -> None:
     drawn = {(f.role, f.action) for s in range(50) for f in _all(schedule(s, 120))}
     assert drawn == {(r, a) for r in ROLES for a in ("kill", "stop")}
+
+
+def test_restart_schedules_restart_every_role_and_leave_the_others_as_they_were() -> None:
+    drawn = [f for s in range(50) for first in schedule(s, 200, actions=RESTARTS)
+             for f in (first, first.then) if f is not None]  # fmt: skip
+    assert {f.action for f in drawn} == {"restart"}
+    assert {f.role for f in drawn} == set(ROLES)
+    assert not any(f.kill_stand_in or f.stop_s for f in drawn)  # nothing else comes back
+    # the kill / stop schedules are what they were before restart schedules existed
+    assert [f.describe() for f in schedule(0, 200)] == [
+        "step 62: stop follower 2.2s", "step 99: stop follower 7.8s", "step 157: kill standby"
+    ]
 
 
 def test_seed_ranges() -> None:
