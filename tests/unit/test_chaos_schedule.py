@@ -64,7 +64,9 @@ def test_restart_schedules_restart_every_role_and_leave_the_others_as_they_were(
     assert not any(f.kill_stand_in or f.stop_s for f in drawn)  # nothing else comes back
     # the kill / stop schedules are what they were before restart schedules existed
     assert [f.describe() for f in schedule(0, 200)] == [
-        "step 62: stop follower 2.2s", "step 99: stop follower 7.8s", "step 157: kill standby"
+        "step 62: stop follower 2.2s",
+        "step 99: stop follower 7.8s",
+        "step 157: kill standby",
     ]
 
 
