@@ -25,6 +25,28 @@ export interface Tensor {
   data: Buffer;
 }
 
+/**
+ * Float32 values as little-endian bfloat16, each rounded to nearest with ties to
+ * even, as torch rounds them: what a job with gradient_dtype DTYPE_BFLOAT16 expects
+ * a float32 parameter's gradient in (docs/models.md, "Gradients on the wire").
+ * A NaN stays a NaN.
+ */
+export function bfloat16Bytes(values: Float32Array | readonly number[]): Buffer {
+  const f32 = values instanceof Float32Array ? values : Float32Array.from(values);
+  const bits = new Uint32Array(f32.buffer, f32.byteOffset, f32.length);
+  const out = Buffer.alloc(2 * f32.length);
+  for (let i = 0; i < f32.length; i++) {
+    let b = bits[i];
+    if (Number.isNaN(f32[i])) {
+      b |= 0x00400000; // quiet NaN: rounding must not carry it to infinity
+    } else {
+      b = (b + 0x7fff + ((b >>> 16) & 1)) >>> 0;
+    }
+    out.writeUInt16LE(b >>> 16, 2 * i);
+  }
+  return out;
+}
+
 /** Bytes a tensor of this spec must have. */
 export function byteLength(spec: TensorSpec): number {
   const size = DTYPE_BYTES[spec.dtype];

@@ -1,9 +1,10 @@
 // Unit checks of the helper layer (node --test): CRC32C known values, chunk
-// assembly refusing corrupt or misplaced chunks, and joining row pieces.
+// assembly refusing corrupt or misplaced chunks, joining row pieces, and bfloat16
+// encoding.
 
 import { strict as assert } from "node:assert";
 import { test } from "node:test";
-import { Assembler, chunks, crc32c, joinPieces } from "../src/index";
+import { Assembler, bfloat16Bytes, chunks, crc32c, joinPieces } from "../src/index";
 import { Dtype } from "../src/gen/stalwart/v1/common";
 
 test("crc32c known values", () => {
@@ -44,4 +45,15 @@ test("row pieces join in row order", () => {
   const e = joined.get("e");
   assert.deepEqual(e?.spec.shape, [3, 2]);
   assert.deepEqual([...(e?.data ?? [])], [1, 1, 1, 1, 2, 2]);
+});
+
+test("bfloat16 rounds as torch does", () => {
+  // expected halves from torch: tensor(values).to(torch.bfloat16)
+  const values = [1.0, -2.5, 1.00390625, 1.01171875, 3.4028234663852886e38, 1e-40, 0.1, -0];
+  const want = [0x3f80, 0xc020, 0x3f80, 0x3f82, 0x7f80, 0x0001, 0x3dcd, 0x8000];
+  const got = bfloat16Bytes(values);
+  assert.equal(got.length, 2 * values.length);
+  want.forEach((w, i) => assert.equal(got.readUInt16LE(2 * i), w, `value ${values[i]}`));
+  const nan = bfloat16Bytes(new Float32Array([NaN])).readUInt16LE(0);
+  assert.ok((nan & 0x7f80) === 0x7f80 && (nan & 0x007f) !== 0, `NaN encoded as ${nan}`);
 });
