@@ -53,7 +53,7 @@ def ts_client() -> Path:
 @pytest.mark.timeout(300)
 def test_ts_helpers_unit(ts_client: Path) -> None:
     out = _run(["node", "--test", "dist/test/"], timeout=240).stdout
-    assert "# fail 0" in out and "# pass 3" in out, out
+    assert "# fail 0" in out and "# pass 4" in out, out
 
 
 @pytest.mark.timeout(1200)
