@@ -33,7 +33,7 @@ help:
 	@echo "make api-tools  grpcurl and ghz into $(TOOLS)/go/bin;  make ts-client: the TypeScript client"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
-	@echo "make chaos      seeded fault schedules against local clusters (SEEDS=0-49)"
+	@echo "make chaos      seeded fault schedules against local clusters (SEEDS=0-49, RESTART_SEEDS=...)"
 	@echo "make compose-test  build the images, run deploy/docker-compose.yml, kill a trainer and the leader"
 	@echo "make k8s-test   deploy/k8s and its overlays against a real kube-apiserver (built once, cached)"
 	@echo "make bench      stalwart bench ps --output json"

@@ -286,7 +286,7 @@ class LocalCluster:
         except ServiceStartError:
             self.members.append(dead)
             raise
-        self.specs[name] = spec
+        self.specs[name] = spec  # its own flags, not one more --port per restart
         self.save()
         return member
 
