@@ -135,6 +135,22 @@ async def three_steps(client, primary_address: str, job_id: str) -> None:
     await assert_eventually_async(stored, timeout=30)
 
 
+async def restart_backup(procs, backup, join, job_id: str, timeout: float, *die_with) -> None:
+    """Kill the backup (and ``die_with`` beside it), start it again at once under its
+    id and port with its flags, and wait until it holds ``job_id`` at version 3."""
+    port = backup.address.rsplit(":", 1)[1]
+    for proc in (backup, *die_with):
+        proc.kill()
+    again = procs.launch("services.paramserver", "ps-b-again", "--node-id", "ps-b",
+                         "--role", "backup", *join, "--port", port)  # fmt: skip
+
+    async def caught_up():
+        got = await replica(again.address)
+        assert {j.job_id: j.version for j in got.jobs} == {job_id: 3}
+
+    await assert_eventually_async(caught_up, timeout=timeout)
+
+
 async def test_a_backup_restarted_with_its_flags_after_a_failover_is_caught_up(cluster_procs):
     # After a failover to epoch 2, the old primary became the new one's backup. Each
     # time it restarts with its start-up flags (primary, epoch 1) it refuses the
@@ -172,19 +188,10 @@ async def test_a_backup_restarted_while_the_job_is_idle_is_caught_up(cluster_pro
     await wait_leader(coord.address)
     join = ("--coordinator", coord.address)
     backup, primary, _ = pair(procs, join)
-    port = backup.address.rsplit(":", 1)[1]
 
     async with CoordinatorClient(coord.address) as client:
         await three_steps(client, primary.address, "job-i")
-        backup.kill()
-        again = procs.launch("services.paramserver", "ps-b-again", "--node-id", "ps-b",
-                             "--role", "backup", *join, "--port", port)  # fmt: skip
-
-        async def caught_up():
-            got = await replica(again.address)
-            assert {j.job_id: j.version for j in got.jobs} == {"job-i": 3}
-
-        await assert_eventually_async(caught_up, timeout=30)
+        await restart_backup(procs, backup, join, "job-i", 30)
 
 
 async def test_a_new_leader_tells_a_primary_restarted_meanwhile(cluster_procs):
@@ -225,18 +232,8 @@ async def test_a_backup_restarted_while_the_leader_changes_is_caught_up(cluster_
     c2 = procs.coordinator("c2", *SLOW_DETECTION)
     join = ("--coordinator", f"{c1.address},{c2.address}")
     backup, primary, _ = pair(procs, join)
-    port = backup.address.rsplit(":", 1)[1]
 
     async with CoordinatorClient([c1.address, c2.address]) as client:
         await three_steps(client, primary.address, "job-b")
-        backup.kill()
-        c1.kill()
-        again = procs.launch("services.paramserver", "ps-b-again", "--node-id", "ps-b",
-                             "--role", "backup", *join, "--port", port)  # fmt: skip
-
-        async def caught_up():
-            got = await replica(again.address)
-            assert {j.job_id: j.version for j in got.jobs} == {"job-b": 3}
-
-        await assert_eventually_async(caught_up, timeout=60)
+        await restart_backup(procs, backup, join, "job-b", 60, c1)
         assert (await wait_leader(c2.address)).epoch > 1
