@@ -6,7 +6,6 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -14,10 +13,19 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 
-from services.paramserver import checkpointing, commit, jobmetrics, metrics, phases, replstream
+from services.paramserver import (
+    checkpointing,
+    commit,
+    jobmetrics,
+    metrics,
+    phases,
+    reading,
+    replstream,
+)
+from services.paramserver.backupside import BackupSide
 from services.paramserver.consistency import Verdict
 from services.paramserver.faults import Faults
-from services.paramserver.job import Entry, JobModel, Reduced, check_finite, combined_fingerprint
+from services.paramserver.job import JobModel, check_finite, combined_fingerprint
 from services.paramserver.replica import Check, ReplicaState, Role
 from services.paramserver.replicator import Fenced, Replicator
 from services.paramserver.runtime import JobHost, JobRuntime
@@ -35,55 +43,6 @@ _ROLES = {
     Role.BACKUP: common.REPLICA_ROLE_BACKUP,
     Role.FENCED: common.REPLICA_ROLE_FENCED,
 }
-
-
-# How long an incomplete request stream waits for gRPC's own cancellation before it
-# is judged truncated (a refused oversize message looks like a half-close first).
-STREAM_END_GRACE_S = 2.0
-
-
-async def _stream_ended(complete: bool = True) -> None:
-    """Call at the end of a request stream, before judging it incomplete.
-
-    A message over the server's size limit ends the stream for the handler as
-    if the client had half-closed, while gRPC itself answers RESOURCE_EXHAUSTED
-    and cancels the handler. Waiting lets that cancellation land here, so the
-    call is not also refused, logged and counted as a truncated stream. One
-    yield was enough on an idle machine, not on a loaded one: an incomplete
-    stream (bad input, rare) waits up to ``STREAM_END_GRACE_S`` for it.
-    """
-    await asyncio.sleep(0)
-    deadline = asyncio.get_running_loop().time() + (0 if complete else STREAM_END_GRACE_S)
-    while asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.02)
-
-
-async def _first(request_iterator, field_name: str):
-    try:
-        first = await anext(aiter(request_iterator))
-    except StopAsyncIteration:
-        await _stream_ended(complete=False)
-        raise StalwartError(ErrorKind.TRUNCATED_STREAM, "empty stream: no header") from None
-    if isinstance(first, codec.WireChunk) or first.WhichOneof("part") != "header":
-        raise StalwartError(ErrorKind.BAD_STREAM, f"the first message must be the {field_name}")
-    return first.header
-
-
-async def _read_tensors(
-    request_iterator, specs, limits, on_chunk=None, packed: bool = False
-) -> codec.ChunkAssembler:
-    """Assemble the chunks; ``on_chunk(chunk, placed)`` sees each one once it checked
-    out, ``placed`` being its bytes (see ``ChunkAssembler.add``)."""
-    assembler = codec.ChunkAssembler(specs, limits, packed)
-    async for message in request_iterator:
-        chunk = codec.chunk_of(message)
-        if chunk is None:
-            raise StalwartError(ErrorKind.BAD_STREAM, "only chunks may follow the header")
-        placed = assembler.add(chunk)
-        if on_chunk is not None:
-            await on_chunk(chunk, placed)
-    await _stream_ended(assembler.complete)
-    return assembler
 
 
 class ParamServer(paramserver_grpc.ParamServerServiceServicer):
@@ -109,8 +68,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         self.committed_step: Callable[[str], Awaitable[int | None]] | None = None
         # Drawn once per process: the coordinator tells a restarted replica by it.
         self.instance = uuid.uuid4().hex
-        # ReplicateStream calls served here (as a backup): handler task -> its session
-        self._sessions: dict[asyncio.Task, replstream.BackupSession] = {}
+        self.backup_side = BackupSide(self.host, self.histories, self._from_primary, self.instance)
 
     # the host's parts, as the launcher and the metrics read them
     replica = property(lambda self: self.host.replica)
@@ -150,13 +108,13 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     @rpc_handler
     async def RegisterModel(self, request_iterator, context):
-        header = await _first(request_iterator, "model header")
+        header = await reading.header(request_iterator, "model header")
         self._client(header.epoch)
         if not header.job_id:
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "job_id is empty")
         if header.job_id not in self.jobs:  # checked before a byte of the model is read
             await self._check_fresh(header.job_id)
-        assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
+        assembler = await reading.tensors(request_iterator, header.tensors, self.limits)
         tensors = assembler.finish()
         existing = self.jobs.get(header.job_id)
         if existing is not None:
@@ -222,7 +180,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     @metrics.counted_push
     async def _push(self, request_iterator, context):
         """Read, forward and admit one push: (its job, its header, the answer)."""
-        header = await _first(request_iterator, "push header")
+        header = await reading.header(request_iterator, "push header")
         received = time.perf_counter()
         self._client(header.epoch)
         job = self._job(header.job_id)
@@ -250,7 +208,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
             # nothing to forward to (a sync step's sum goes later, or no backup is in
             # sync): no chunk message is rebuilt and no empty write awaited per chunk
-            assembler = await _read_tensors(
+            assembler = await reading.tensors(
                 request_iterator, header.tensors, self.limits, forward if forwards else None,
                 header.packed,
             )  # fmt: skip
@@ -577,123 +535,30 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     async def ListJobMetrics(self, request, context):
         return jobmetrics.list_metrics(self, request)
 
-    # --- backup side -------------------------------------------------------------
+    # --- backup side (services/paramserver/backupside.py) -----------------------
 
     @rpc_handler
     async def ReplicatePush(self, request_iterator, context):
-        header = await _first(request_iterator, "replication header")
-        self._from_primary(header.epoch)
-        push = header.push
-        self._job(push.job_id)
-        assembler = await _read_tensors(
-            request_iterator, push.tensors, self.limits, None, push.packed
-        )
-        await self._stage_forwarded(header, assembler)
+        await self.backup_side.replicate_push(request_iterator)
         return paramserver.ReplicatePushResponse()
-
-    async def _stage_forwarded(self, header, assembler: codec.ChunkAssembler) -> None:
-        """Buffer a push the primary forwarded (ReplicatePush, the Replicate stream),
-        or the sum of a step's pushes (``header.summed``)."""
-        push = header.push
-        job = self._job(push.job_id)
-        tensors = assembler.finish()
-        async with job.lock:
-            if header.summed:
-                keys = [(p.step, p.slot) for p in header.summed]
-                job.model.stage_sum(
-                    push.base_version, keys, Reduced.split(tensors, job.model.buffers)
-                )
-                for summed in header.summed:
-                    self.histories.on_push(summed)
-            else:
-                job.model.stage(push.step, push.slot, assembler.payload_crc32c, tensors)
-                self.histories.on_push(push)
-            job.staged.notify_all()  # a commit naming this push may be waiting for it
 
     @rpc_handler
     async def ReplicateCommit(self, request, context):
         self._from_primary(request.epoch)
-        version = await self._commit_forwarded(request, context.time_remaining())
+        version = await self.backup_side.commit(request, context.time_remaining())
         return paramserver.ReplicateCommitResponse(version=version)
-
-    async def _commit_forwarded(self, request, wait_s: float | None) -> int:
-        """Apply a commit the primary sent (ReplicateCommit, the Replicate stream)."""
-        job = self.jobs.get(request.job_id)
-        entries = [Entry.from_proto(e) for e in request.entries]
-        if job is None:
-            raise StalwartError(ErrorKind.REPLICA_BEHIND, f"backup lacks job {request.job_id}")
-        async with job.lock:
-            if job.model.version == request.base_version:
-                # the primary commits without waiting for the backups' answers to the
-                # forwards, so a push it names may still be streaming in here (it
-                # sends the commit only to backups it forwarded every push to)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        job.staged.wait_for(lambda: job.model.has_entries(entries)),
-                        wait_s or self.host.replicator.ack_timeout_s,
-                    )
-            if job.model.version != request.base_version or not job.model.has_entries(entries):
-                raise StalwartError(
-                    ErrorKind.REPLICA_BEHIND,
-                    f"backup at version {job.model.version} lacks what version {request.new_version} needs",
-                )
-            nbytes = tensor_bytes(job.model.params.values())  # backups overlap nothing with it
-            version = await _off_loop(job.model.apply, entries, nbytes=nbytes)
-            await self.host.applied(job)
-            job.committed.notify_all()
-        return version
 
     @rpc_handler
     async def ReplicateStream(self, request_iterator, context):
         """The replication stream (services/paramserver/replstream.py)."""
-        session = replstream.BackupSession(
-            context, self._from_primary, self.limits, self._stage_forwarded,
-            lambda request: self._commit_forwarded(request, None), self.instance,
-        )  # fmt: skip
-        task = asyncio.current_task()
-        self._sessions[task] = session
-        try:
-            await session.run(request_iterator)
-        finally:
-            self._sessions.pop(task, None)
+        await self.backup_side.serve_stream(request_iterator, context)
 
     async def close_streams(self) -> None:
-        """At shutdown: the replication streams this replica serves as a backup end
-        once their running commits finished (open, they would hold the server's stop
-        for its whole grace). Its own streams to its backups stay open: pushes in
-        flight here are still replicated and answered within the grace."""
-        sessions = dict(self._sessions)
-        if sessions:
-            await asyncio.gather(*(s.drain() for s in sessions.values()))
-        for task in sessions:
-            task.cancel()
+        await self.backup_side.close_streams()
 
     @rpc_handler
     async def InstallState(self, request_iterator, context):
-        header = await _first(request_iterator, "state header")
-        self._from_primary(header.epoch)
-        held = self.jobs.get(header.model.job_id)
-        if header.fresh and held is not None and held.model.version > header.version:
-            # Taking it would throw away acknowledged steps: the primary lost them.
-            raise StalwartError(
-                ErrorKind.FAILED_PRECONDITION,
-                f"this backup holds job {header.model.job_id!r} at version "
-                f"{held.model.version}; the primary's fresh copy is at {header.version}",
-                job=header.model.job_id,
-            )
-        assembler = await _read_tensors(request_iterator, header.tensors, self.limits)
-        tensors = assembler.finish()
-        model = await _off_loop(JobModel.from_install, header, tensors)
-        previous = self.jobs.get(model.job_id)
-        runtime = JobRuntime(model)
-        if previous is not None:  # pushes forwarded meanwhile are still good: CRCs check them
-            model.pending.update(previous.model.pending)
-            runtime.fingerprint_at = previous.fingerprint_at
-        self.jobs[model.job_id] = runtime
-        async with runtime.lock:
-            await runtime.settle_fingerprints()
-        log.info("state installed", job=model.job_id, version=model.version)
-        return paramserver.InstallStateResponse(version=model.version, instance=self.instance)
+        return await self.backup_side.install(request_iterator)
 
     # --- background -------------------------------------------------------------
 
