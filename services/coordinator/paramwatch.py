@@ -231,8 +231,7 @@ class ParamWatch:
         if restarted:
             return True
         self._instances[node.node_id] = instance
-        if is_primary and instance and c._primary_instance(node.shard) != instance:
-            c.primary_instances[node.shard] = (node.node_id, instance)
+        if is_primary and self._record_instance(node.shard, node.node_id):
             c._dirty_groups.add(node.shard)
         return False
 
@@ -280,12 +279,16 @@ class ParamWatch:
                 self._record_instance(shard, primary.node_id)
                 c._dirty_groups.add(shard)
 
-    def _record_instance(self, shard: int, primary_id: str) -> None:
-        """Store the process of a primary just recorded with its group, in the same
-        write (the next poll would, but a leader may die before it)."""
+    def _record_instance(self, shard: int, primary_id: str) -> bool:
+        """Keep the process last polled of the group's recorded primary with the group,
+        to be written with it (at a promotion or adoption, in the same write: the next
+        poll would, but a leader may die before it). True when it changed."""
         instance = self._instances.get(primary_id)
-        if instance:
-            self.control.primary_instances[shard] = (primary_id, instance)
+        c = self.control
+        if not instance or c.primary_instances.get(shard) == (primary_id, instance):
+            return False
+        c.primary_instances[shard] = (primary_id, instance)
+        return True
 
     def _decisions(self) -> list[tuple[int, promotion.Decision]]:
         c = self.control
