@@ -52,7 +52,15 @@ class Detector:
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        return self.score(x) >= self.threshold
+        return self.flags(self.score(x), self.threshold)
+
+    def flags(self, scores: np.ndarray, threshold: float) -> np.ndarray:
+        """A score flags when it reaches ``threshold``; when no held-out training score
+        is below it (a detector with nothing to tell apart, every metric constant),
+        reaching it is what every normal point does, so a score must exceed it."""
+        if self.tail_scores.size and threshold <= self.tail_scores.min():
+            return scores > threshold
+        return scores >= threshold
 
     def _fit(self, x: np.ndarray) -> None:
         raise NotImplementedError
@@ -90,7 +98,11 @@ class PCAReconstruction(Detector):
         self.variance = variance
 
     def _fit(self, x):
-        self.pca = PCA(n_components=self.variance, svd_solver="full").fit(x)
+        # Training inputs without any variance (every metric constant) make
+        # scikit-learn divide 0 by 0 for the explained-variance ratios; the fitted
+        # subspace is still usable (it reconstructs the constant), so stay quiet.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.pca = PCA(n_components=self.variance, svd_solver="full").fit(x)
 
     def _score(self, x):
         x = np.asarray(x, dtype=np.float64)

@@ -40,8 +40,7 @@ QUANTILES = (0.99, 0.995, 0.999)  # threshold levels machine-level tuning may pi
 DEFAULT_Q = 0.99
 
 
-def _judge(labels, s: np.ndarray, thr: float) -> dict:
-    pred = s >= thr
+def _judge(labels, pred: np.ndarray) -> dict:
     return {
         "point": metrics.prf(labels, pred),
         "point_adjusted": metrics.prf_point_adjusted(labels, pred),
@@ -58,7 +57,7 @@ def _one(det: detectors.Detector, train, test, labels) -> dict[float, dict]:
     out = {}
     for q in QUANTILES:
         thr = det.threshold if q == det.quantile else float(np.quantile(det.tail_scores, q))
-        out[q] = {**_judge(labels, s, thr), "best_f1_optimistic": best}
+        out[q] = {**_judge(labels, det.flags(s, thr)), "best_f1_optimistic": best}
     return out
 
 

@@ -117,7 +117,18 @@ def _entities(array, rows: np.ndarray, path) -> tuple[np.ndarray, list[str]]:
 
 
 def _numbers(array, name: str, rows: np.ndarray, path) -> np.ndarray:
-    """float64 values, NaN for null; text must hold numbers (empty, nan, NA: missing)."""
+    """float64 values, NaN for null; text must hold numbers (empty, nan, NA: missing),
+    and no value may be infinite (a scaler cannot centre it, nor a detector score it)."""
+    values = _any_numbers(array, name, rows, path)
+    infinite = np.flatnonzero(np.isinf(values))
+    if infinite.size:
+        i = int(infinite[0])
+        raise bad_cell(path, rows[i], name, _text(_cell(array, i)),
+                       "a finite number (empty = missing)")  # fmt: skip
+    return values
+
+
+def _any_numbers(array, name: str, rows: np.ndarray, path) -> np.ndarray:
     kind = array.type
     if pa.types.is_null(kind):  # a column with nothing in it: every value missing
         return np.full(len(array), np.nan)

@@ -91,10 +91,13 @@ class _Progress:
 def check_header(path: Path, names: list[str], where: str) -> list[str]:
     """The column names, refused unless SCHEMA's columns are there once each; ``where``
     names the header in messages (a CSV's row 1, a Parquet file's schema)."""
+    if not any(names):
+        raise CsvError(f"{path}: {where}: no column names (an empty file?)")
     for col in ("entity", "timestamp"):
         if col not in names:
             raise CsvError(
-                f"{path}: {where}: missing column '{col}' (schema: stalwart health eval --help)"
+                f"{path}: {where}: missing column '{col}'{_delimiter_hint(names)} "
+                "(schema: stalwart health eval --help)"
             )
     if ("label" in names) == ("failure_time" in names):
         raise CsvError(
@@ -104,7 +107,23 @@ def check_header(path: Path, names: list[str], where: str) -> list[str]:
     dup = sorted({c for c in names if names.count(c) > 1})
     if dup:
         raise CsvError(f"{path}: {where}: column '{dup[0]}' appears twice")
+    if all(c in RESERVED for c in names):
+        raise CsvError(
+            f"{path}: {where}: no metric column (every column besides "
+            f"{', '.join(RESERVED)} is a metric)"
+        )
     return list(names)
+
+
+def _delimiter_hint(names: list[str]) -> str:
+    """A lone header cell holding another separator: the file is not comma-separated."""
+    if len(names) == 1:
+        for sep in (";", "\t", "|"):
+            if sep in names[0]:
+                return (
+                    f" (the header is one column {names[0]!r}: fields must be separated by commas)"
+                )
+    return ""
 
 
 def _header(path: Path) -> list[str]:
@@ -112,7 +131,8 @@ def _header(path: Path) -> list[str]:
     with path.open("rb") as fh:
         first = fh.readline()
     try:
-        names = [c.strip() for c in next(csv.reader([first.decode("utf-8")]), [])]
+        # utf-8-sig: spreadsheet exports often begin with a byte-order mark
+        names = [c.strip() for c in next(csv.reader([first.decode("utf-8-sig")]), [])]
     except (UnicodeDecodeError, csv.Error) as exc:
         raise CsvError(f"{path}: row 1 (header): cannot be read ({exc})") from None
     return check_header(path, names, "row 1 (header)")

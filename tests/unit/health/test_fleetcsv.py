@@ -31,7 +31,11 @@ PRED = "entity,timestamp,temp,failure_time"
     [
         (["entity,temp,failure_time", "m1,40,"], "row 1 (header): missing column 'timestamp'"),
         (["timestamp,temp,label", "0,40,0"], "row 1 (header): missing column 'entity'"),
-        ([], "row 1 (header): missing column 'entity'"),
+        ([], "row 1 (header): no column names (an empty file?)"),
+        (["entity;timestamp;temp;label", "m1;0;40;0"], "fields must be separated by commas"),
+        (["entity,timestamp,label", "m1,0,0"], "row 1 (header): no metric column"),
+        ([PRED, "m1,0,40,", "m1,1,inf,"], "row 3, column 'temp': 'inf' is not a finite number"),
+        ([PRED, "m1,0,-Infinity,"], "row 2, column 'temp': '-Infinity' is not a finite number"),
         (["entity,timestamp,temp", "m1,0,40"], "need exactly one of the columns 'label'"),
         (["entity,timestamp,temp,temp,label", "m1,0,1,2,0"], "column 'temp' appears twice"),
         ([PRED, "m1,0,40,", "m1,1,hot,"], "row 3, column 'temp': 'hot' is not a number"),
@@ -229,10 +233,18 @@ def test_blank_lines_and_spaces_read_as_before(tmp_path):
 
 
 def test_numbers_arrow_does_not_read_are_read_as_python_reads_them(tmp_path):
-    p = _write(tmp_path, [PRED, "m1,0,1_000,", "m1,1,+Infinity,", "m1,2,-.5,"])
+    p = _write(tmp_path, [PRED, "m1,0,1_000,", "m1,1,2_5e-1,", "m1,2,-.5,"])
     ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(poll_interval=1.0, progress=False))
     (e,) = ds.train + ds.test
-    assert e.x[:, 0].tolist() == [1000.0, float("inf"), -0.5]
+    assert e.x[:, 0].tolist() == [1000.0, 2.5, -0.5]
+
+
+def test_a_byte_order_mark_before_the_header_is_read_past(tmp_path):
+    p = tmp_path / "excel.csv"
+    p.write_text("\n".join([PRED, "m1,0,40,", "m1,1,41,"]) + "\n", encoding="utf-8-sig")
+    ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(poll_interval=1.0, progress=False))
+    (e,) = ds.train + ds.test
+    assert e.name == "m1" and e.x[:, 0].tolist() == [40.0, 41.0]
 
 
 def test_a_file_that_is_not_utf8_is_one_line(tmp_path, capsys):

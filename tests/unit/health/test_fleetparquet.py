@@ -145,6 +145,10 @@ def _good(**override):
         (_good(label=[0, 0, 1]), "need exactly one of the columns 'label'"),
         (_good(temp=["40", "hot", "40"]), "row 3, column 'temp': 'hot' is not a number"),
         (_good(temp=pa.array([[1.0], [2.0], [3.0]])), "row 2, column 'temp': Parquet type"),
+        (_good(temp=[40.0, float("inf"), 40.0]), "row 3, column 'temp': 'inf' is not a finite"),
+        (_good(temp=["40", "-inf", "40"]), "row 3, column 'temp': '-inf' is not a finite"),
+        ({"entity": ["n"] * 3, "timestamp": [0, 1, 2], "label": [0, 1, 0]},
+         "schema: no metric column"),
         (_good(timestamp=["0", "1", "soon"]), "row 4, column 'timestamp': 'soon' is not a number"),
         (_good(timestamp=[0.0, None, 1.0]), "row 3, column 'timestamp': None is not a number"),
         (_good(failure_time=["", "tomorrow", ""]), "row 3, column 'failure_time': 'tomorrow'"),
@@ -161,7 +165,8 @@ def _good(**override):
         ({"entity": ["n"] * 3, "timestamp": [0, 1, 2], "cpu": [1.0] * 3,
           "label": ["0", "x", "0"]}, "row 3, column 'label': 'x' is not 0 or 1"),
         ({"entity": pa.array([], pa.string()), "timestamp": pa.array([], pa.float64()),
-          "failure_time": pa.array([], pa.float64())}, "no data rows"),
+          "temp": pa.array([], pa.float64()), "failure_time": pa.array([], pa.float64())},
+         "no data rows"),
     ],
 )  # fmt: skip
 def test_bad_parquet_is_one_line_naming_row_and_column(tmp_path, capsys, columns, says):

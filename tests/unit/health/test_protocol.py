@@ -1,6 +1,8 @@
 """Robust scaling, the leave-machines-out selection rule and the multi-seed summary, on
 small synthetic arrays."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,24 @@ def test_summary_counts_wins_margin_and_false_alarms():
     # 9 of 10 wins and a 0.031 margin, but more false alarms (12 vs 9): not met.
     assert c["goal"] == {"wins": True, "margin": True, "false_alarms": False, "met": False}
     assert r["methods"]["lstm"]["f1_min"] == 0.85
+
+
+def test_a_machine_whose_metrics_never_move_is_flagged_nowhere():
+    """Every metric constant in training and in test: the test is exactly as normal as
+    training, so no detector may flag a point (flagging at a score equal to the
+    threshold flagged them all), and none warns about dividing by its zero variance."""
+    from services.health import detectors
+    from services.health.datasets import DetectionSet, Machine
+
+    flat = np.full((300, 3), [1.0, 0.0, 5.0], dtype=np.float32)
+    labels = np.zeros(300, dtype=int)
+    labels[100:110] = 1
+    ds = DetectionSet("flat", [Machine("m", flat, flat.copy(), labels)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = eval_detection.run(ds, methods=["threshold_rule", "pca", "isolation_forest"])
+    for name, res in r["per_machine"]["m"].items():
+        assert res["point"]["recall"] == 0.0, name
+        assert res["point_adjusted"]["recall"] == 0.0, name
+    assert set(r["per_machine"]["m"]) == {"threshold_rule", "pca", "isolation_forest"}
+    assert detectors.ALL["pca"]().fit(flat).predict(flat).sum() == 0
