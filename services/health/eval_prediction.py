@@ -245,6 +245,12 @@ def run(
 ) -> dict:
     """``release_raw``: drop each entity's raw rows once cleaned (the caller is done with
     them; ``stalwart health eval`` is), so they are not held through training."""
+    for which, ents in (("train", ds.train), ("test", ds.test)):
+        if not ents:
+            raise ValueError(
+                f"{ds.name}: no {which} entity among {len(ds.train) + len(ds.test)} "
+                "(evaluating needs both: more entities, or a 'split' column)"
+            )
     cfg = cfg or fgl.TrainConfig(seed=seed)
     if cfg.balanced is None:
         cfg = dataclasses.replace(cfg, balanced=settings(ds)["balanced"])

@@ -48,6 +48,7 @@ TIME_UNITS = {"h": 1.0, "hours": 1.0, "s": 1 / 3600, "seconds": 1 / 3600, "ms": 
 PROFILES = ("transceiver",)
 _LANE = re.compile(r"^(.*)_(\d+)$")
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files are read without a bar
+MISSED_POLLS_FREE = 1000  # missed polls any entity may have, whatever its length
 BLOCK_BYTES = 1 << 20
 """A CSV file is read in blocks of this many bytes, a batch each (about 8,000 rows of the
 transceiver export). Arrow's default; the read's peak grew with it (407 MiB max RSS
@@ -233,15 +234,41 @@ def _blocks(e: EntityRows, d: int):
     return t[order], x[order], (lab[order] if lab.size else lab), tr[order]
 
 
+def _polls_apart(t: np.ndarray, step: float) -> np.ndarray:
+    """Per pair of consecutive polls, how many poll intervals apart they are (1 up to
+    1.5 ``step``; beyond it, the rounded count: one more than the polls missed)."""
+    d = np.diff(t)
+    k = np.maximum(np.rint(d / step).astype(np.int64), 1)
+    k[d <= 1.5 * step] = 1
+    return k
+
+
+def _check_gaps(p: Path, ent: str, t: np.ndarray, step: float, unit: str) -> None:
+    """Refuse an entity whose gaps would add more missed polls than it has polls (and
+    more than ``MISSED_POLLS_FREE``): one stray timestamp (a clock at 1970, epoch
+    seconds read as hours) would otherwise be gigabytes of rows of NaN."""
+    if len(t) < 2:
+        return
+    k = _polls_apart(t, step)
+    missed = int(k.sum()) - len(k)
+    if missed <= max(len(t), MISSED_POLLS_FREE):
+        return
+    i = int(np.argmax(k))
+    per = TIME_UNITS.get(unit, 1.0)
+    raise CsvError(
+        f"{p}: entity '{ent}': its gaps would add {missed:,} missed polls to its "
+        f"{len(t):,} (the longest between timestamps {t[i] / per:g} and {t[i + 1] / per:g}, "
+        f"poll interval {step:g} h): is a timestamp wrong, or --time-unit or --poll-interval?"
+    )
+
+
 def fill_gaps(t: np.ndarray, x: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray]:
     """Insert a missed poll (a row of NaN) wherever consecutive polls are further apart
     than 1.5 ``step``: a dropped poll is a gap the model should see, not a shorter
     interval between two readings."""
     if len(t) < 2 or not step > 0:
         return t, x
-    k = np.maximum(np.rint(np.diff(t) / step).astype(np.int64), 1)
-    k[np.diff(t) <= 1.5 * step] = 1
-    pos = np.concatenate([[0], np.cumsum(k)])
+    pos = np.concatenate([[0], np.cumsum(_polls_apart(t, step))])
     n = int(pos[-1]) + 1
     real = np.zeros(n, dtype=bool)
     real[pos] = True
@@ -320,11 +347,17 @@ def _median_spacing(ents: dict[str, EntityRows]) -> float:
 
 def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions) -> PredictionSet:
     step = opts.poll_interval or _median_spacing(ents)
+    if not (step > 0 and np.isfinite(step)):
+        raise CsvError(
+            f"{p}: the poll interval is {step:g} h (most entities repeat their timestamps?): "
+            "give --poll-interval in hours, or one row per poll"
+        )
     out, split = [], {}
     for ent, e in ents.items():
         t, x, _, _ = _blocks(e, len(metrics))
         f = e.failure[0]
         keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)  # the dead module
+        _check_gaps(p, ent, t[keep], step, opts.time_unit)
         t, x = fill_gaps(t[keep], x[keep], step)
         out.append(Entity(ent, t, x, f, "failing" if np.isfinite(f) else "healthy"))
         split[ent] = _entity_split(p, ent, e)

@@ -58,8 +58,18 @@ PRED = "entity,timestamp,temp,failure_time"
         ([PRED + ",split", "m1,0,40,,train", "m1,1,40,,later"], "row 3, column 'split': 'later'"),
         ([PRED + ",split", "m1,0,40,,train", "m2,1,40,,"], "given for some entities and not"),
         ([PRED], "no data rows"),
+        (
+            [PRED + ",split", "m1,0,40,,train", "m1,1,40,,train", "m2,0,40,,train"],
+            "no test entity among 2 (evaluating needs both",
+        ),
+        ([PRED, "m1,5,40,", "m1,5,41,", "m2,5,40,", "m2,5,40,"], "the poll interval is 0 h"),
+        (
+            [PRED + ",split", *[f"m1,{t},40,,train" for t in range(5)], "m1,-1e9,40,,train",
+             "m2,0,40,,test", "m2,1,40,,test"],
+            "entity 'm1': its gaps would add 999,999,99",
+        ),
     ],
-)
+)  # fmt: skip
 def test_bad_file_is_one_line_naming_row_and_column(tmp_path, capsys, lines, says):
     assert says in _refused(capsys, _write(tmp_path, lines))
 
