@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import re
 import sys
+import warnings
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,7 +312,11 @@ def _detection(name: str, metrics: list[str], ents: dict[str, EntityRows]) -> De
             )
         # Detectors train unlabelled, so missing values are filled from the column
         # median of the training part (forward-fill would need an order-aware model).
-        med = np.nan_to_num(np.nanmedian(x[is_train], axis=0))
+        # A metric never given in training is filled with 0 (then constant: left out
+        # by the scaler), without numpy's all-NaN warning for it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nan_to_num(np.nanmedian(x[is_train], axis=0))
         x = np.where(np.isnan(x), med, x).astype(np.float32)
         machines.append(Machine(ent, x[is_train], x[~is_train], y[~is_train]))
     return DetectionSet(f"csv:{name}", machines)
