@@ -73,13 +73,27 @@ def _lab_layout(folder: str, machines: list[str] | None) -> DetectionSet:
         )
     out = []
     for m in wanted:
-        train = np.loadtxt(root / "train" / f"{m}.txt.gz", delimiter=",", dtype=np.float32)
-        test = np.loadtxt(root / "test" / f"{m}.txt.gz", delimiter=",", dtype=np.float32)
-        labels = np.loadtxt(root / "test_label" / f"{m}.txt", dtype=np.int8)
+        train = _finite_rows(root / "train" / f"{m}.txt.gz")
+        test = _finite_rows(root / "test" / f"{m}.txt.gz")
+        labels = np.loadtxt(root / "test_label" / f"{m}.txt", dtype=np.int8, ndmin=1)
         if labels.shape[0] != test.shape[0]:
             raise ValueError(f"{folder}/{m}: {labels.shape[0]} labels for {test.shape[0]} rows")
+        if train.shape[1] != test.shape[1]:
+            raise ValueError(
+                f"{folder}/{m}: {train.shape[1]} metrics in train, {test.shape[1]} in test"
+            )
         out.append(Machine(m, train, test, labels))
     return DetectionSet(folder, out)
+
+
+def _finite_rows(path: Path) -> np.ndarray:
+    """(rows, metrics) float32 from a comma-separated file; a value that is missing or
+    not finite is refused with its line, since no detector can score it."""
+    x = np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if bad.size:
+        raise ValueError(f"{path}: line {bad[0] + 1} holds a value that is not a finite number")
+    return x
 
 
 def load_smd(machines: list[str] | None = None) -> DetectionSet:

@@ -136,6 +136,31 @@ def test_missing_dataset_says_where_to_get_it(tmp_path, monkeypatch):
         datasets.load_smd()
 
 
+def _lab_machine(root, name, train: str, test: str, labels: str):
+    import gzip
+
+    for part, text in (("train", train), ("test", test)):
+        (root / "smd" / part).mkdir(parents=True, exist_ok=True)
+        (root / "smd" / part / f"{name}.txt.gz").write_bytes(gzip.compress(text.encode()))
+    (root / "smd" / "test_label").mkdir(parents=True, exist_ok=True)
+    (root / "smd" / "test_label" / f"{name}.txt").write_text(labels)
+
+
+def test_lab_layout_refuses_what_no_detector_can_score(tmp_path, monkeypatch):
+    """A missing or infinite value names its file and line; train and test of one machine
+    must have the same metrics; a one-row test file is still a table."""
+    monkeypatch.setenv("STALWART_DATA_DIR", str(tmp_path))
+    _lab_machine(tmp_path, "nan", "1,2\n3,4\n", "1,2\n3,nan\n", "0\n1\n")
+    _lab_machine(tmp_path, "wide", "1,2,3\n3,4,5\n", "1,2\n3,4\n", "0\n1\n")
+    _lab_machine(tmp_path, "one", "1,2\n3,4\n", "5,6\n", "1\n")
+    with pytest.raises(ValueError, match=r"test/nan.txt.gz: line 2 holds a value that is not a"):
+        datasets.load_smd(["nan"])
+    with pytest.raises(ValueError, match="smd/wide: 3 metrics in train, 2 in test"):
+        datasets.load_smd(["wide"])
+    (m,) = datasets.load_smd(["one"]).machines
+    assert m.test.shape == (1, 2) and m.labels.tolist() == [1]
+
+
 def test_smd_and_cmapss_shapes():
     smd = load_or_skip(datasets.load_smd, ["machine-2-7"])
     (m,) = smd.machines
