@@ -301,6 +301,13 @@ def load(path: str, opts: CsvOptions | None = None) -> DetectionSet | Prediction
     return out
 
 
+def _kind(file_name: str) -> str:
+    """The data set's name prefix, as ``--dataset`` takes it: parquet or csv."""
+    from services.health import fleetparquet
+
+    return "parquet" if fleetparquet.is_parquet(Path(file_name)) else "csv"
+
+
 def _detection(name: str, metrics: list[str], ents: dict[str, EntityRows]) -> DetectionSet:
     machines = []
     for ent, e in ents.items():
@@ -319,7 +326,7 @@ def _detection(name: str, metrics: list[str], ents: dict[str, EntityRows]) -> De
             med = np.nan_to_num(np.nanmedian(x[is_train], axis=0))
         x = np.where(np.isnan(x), med, x).astype(np.float32)
         machines.append(Machine(ent, x[is_train], x[~is_train], y[~is_train]))
-    return DetectionSet(f"csv:{name}", machines)
+    return DetectionSet(f"{_kind(name)}:{name}", machines)
 
 
 def _entity_split(p: Path, ent: str, e: EntityRows) -> str | None:
@@ -383,7 +390,7 @@ def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions)
         notes["counters"] += [m for m in NOTES["counters"] if m in metrics]
         notes.update(profile="transceiver", lanes=_lanes(metrics))
     return PredictionSet(
-        name=f"csv:{p.name}",
+        name=f"{_kind(p.name)}:{p.name}",
         channels=metrics,
         train=[e for e in out if split[e.name] == "train"],
         test=[e for e in out if split[e.name] == "test"],
