@@ -65,6 +65,12 @@ class HealthConfig:
     sample, so a sample costs the same in a fleet of thousands."""
     detector: str = DEFAULT_DETECTOR
     rules: rules.RuleConfig = field(default_factory=rules.RuleConfig)
+    max_nodes: int = 10_000
+    """Nodes tracked at once. Every node id costs a window and a metrics series, so a
+    sender inventing ids could otherwise grow the service without end; when a new id
+    finds the fleet full, nodes silent for ``forget_after_seconds`` are forgotten, and
+    if none are, the sample is refused (``FleetFull``)."""
+    forget_after_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,10 @@ class AlertDraft:
     drain: bool
 
 
+class FleetFull(Exception):
+    """A sample from a new node while ``max_nodes`` nodes have all been heard from lately."""
+
+
 class Fleet:
     def __init__(self, config: HealthConfig = HealthConfig()):
         self.config = config
@@ -102,6 +112,7 @@ class Fleet:
         self._centre: dict[str, float] = {}  # gauge -> the live fleet's median
         self._centre_at = 0.0  # when _centre was taken (meaningless while it is empty)
         self._relative: dict[str, dict[str, float]] = {}  # node -> its latest departures
+        self.forgotten: list[str] = []  # ids forget_quiet dropped, for the adapter to clear
 
     # --- input ----------------------------------------------------------------------
 
@@ -110,6 +121,12 @@ class Fleet:
     ) -> tuple[Assessment, list[AlertDraft]]:
         window = self.windows.get(node_id)
         if window is None:
+            if len(self.windows) >= self.config.max_nodes and not self.forget_quiet(now):
+                raise FleetFull(
+                    f"{len(self.windows)} nodes tracked, each heard from in the last "
+                    f"{self.config.forget_after_seconds:g} s; a new node is refused until "
+                    "one goes quiet (--max-nodes)"
+                )
             window = self.windows[node_id] = NodeWindow(node_id, self.config.window_samples)
         window.add(Sample(now, step, dict(metrics)))
         relative = self._relative[node_id] = self._relative_to_peers(now, metrics)
@@ -117,6 +134,22 @@ class Fleet:
         assessment = self._assess(window, now)
         self.assessments[node_id] = assessment
         return assessment, self._alerts(assessment, now)
+
+    def forget_quiet(self, now: float) -> list[str]:
+        """Drop every node not heard from within ``forget_after_seconds``: its window,
+        assessment and per-node state. A corruption report stays (its risk is sticky
+        for a node that comes back). Returns the ids forgotten."""
+        quiet = [
+            n for n, w in self.windows.items()
+            if now - w.last_time > self.config.forget_after_seconds
+        ]  # fmt: skip
+        for n in quiet:
+            for per_node in (self.windows, self.assessments, self._scored,
+                             self._strange_streak, self._relative):  # fmt: skip
+                per_node.pop(n, None)
+        self._last_alert = {k: v for k, v in self._last_alert.items() if k[0] not in quiet}
+        self.forgotten.extend(quiet)
+        return quiet
 
     def _relative_to_peers(self, now: float, metrics: Mapping[str, float]) -> dict[str, float]:
         """Each gauge minus the live fleet's median of it; a gauge the median does not

@@ -8,6 +8,7 @@ trends then never depend on a node's clock being right.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 
@@ -16,7 +17,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import Counter, Gauge
 
 from services.health.alerts import AlertLog
-from services.health.fleet import Assessment, Fleet
+from services.health.fleet import Assessment, Fleet, FleetFull
 from services.health.settings import HealthSettings
 from stalwart import limits, paging
 from stalwart.api import health, health_grpc
@@ -98,8 +99,14 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
         return health.StreamTelemetryResponse(samples_accepted=accepted)
 
     def ingest(self, sample, now: float) -> None:
+        try:
+            _, drafts = self.fleet.observe(sample.node_id, now, sample.step, dict(sample.metrics))
+        except FleetFull as full:
+            SAMPLES.labels("rejected").inc()
+            raise StalwartError(ErrorKind.LIMIT_EXCEEDED, str(full)) from None
+        finally:
+            self._drop_series(self.fleet.forgotten)
         SAMPLES.labels("accepted").inc()
-        _, drafts = self.fleet.observe(sample.node_id, now, sample.step, dict(sample.metrics))
         assessed = self.fleet.assessments.get(sample.node_id)
         if assessed is not None:
             RISK.labels(sample.node_id).set(assessed.risk)
@@ -111,6 +118,15 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
             if samples is not None:
                 self._fitting = True
                 asyncio.ensure_future(self._fit(samples))
+
+    @staticmethod
+    def _drop_series(forgotten: list[str]) -> None:
+        """Forgotten nodes' gauges leave /metrics with them (else the label set grows)."""
+        while forgotten:
+            node = forgotten.pop()
+            for gauge in (RISK, ANOMALY):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(node)
 
     async def _fit(self, samples) -> None:
         try:

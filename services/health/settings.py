@@ -40,6 +40,13 @@ class HealthSettings(ServiceSettings):
     max_metrics: int = Field(default=256, ge=1)
     """Most metrics one sample may carry (RESOURCE_EXHAUSTED above)."""
 
+    max_nodes: int = Field(default=10_000, ge=1)
+    """Nodes tracked at once; a new node beyond it is refused (RESOURCE_EXHAUSTED)
+    unless some tracked node has been silent for --forget-after-seconds."""
+
+    forget_after_seconds: float = Field(default=600.0, gt=0)
+    """A node silent this long is forgotten when a new one needs its place."""
+
     alerts_kept: int = Field(default=10_000, ge=10)
     """Recent alerts kept for ListAlerts."""
 
@@ -63,6 +70,8 @@ class HealthSettings(ServiceSettings):
             alert_repeat_seconds=self.alert_repeat_seconds,
             detector=self.detector,
             anomaly_every_seconds=self.anomaly_every_seconds,
+            max_nodes=self.max_nodes,
+            forget_after_seconds=self.forget_after_seconds,
             rules=RuleConfig(
                 temp_warn_c=self.temp_warn_celsius,
                 temp_critical_c=self.temp_critical_celsius,

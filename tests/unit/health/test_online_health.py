@@ -15,6 +15,7 @@ from services.health.fleet import (
     PREDICTED_FAILURE,
     STRAGGLER,
     Fleet,
+    FleetFull,
     HealthConfig,
 )
 from services.health.online import FleetForest, gauge_names
@@ -396,3 +397,44 @@ def test_no_refit_before_the_detector_has_a_full_window_of_new_samples():
     assert len(fleet.fit_samples(10.0)) == 200
     fleet.forest.fit(None)  # the pending samples, as the first fit takes them
     assert fleet.forest.fits == 1 and fleet.fit_samples(100.0) is None  # recent is empty
+
+
+def test_a_full_fleet_refuses_a_new_node_until_one_goes_quiet():
+    """Invented node ids cannot grow the service: past max_nodes a new id is refused
+    while every tracked node is live, and takes the place of one silent for
+    forget_after_seconds (its window and assessment go; a corruption report stays)."""
+    fleet = Fleet(HealthConfig(max_nodes=2, forget_after_seconds=60))
+    fleet.observe("a", 0.0, 0, {"loss": 1.0})
+    fleet.report_corruption("a", "outvoted", 0.5)
+    fleet.observe("b", 50.0, 0, {"loss": 1.0})
+    with pytest.raises(FleetFull, match="2 nodes tracked"):
+        fleet.observe("c", 59.0, 0, {"loss": 1.0})
+    fleet.observe("a", 59.0, 1, {"loss": 1.0})  # known nodes are never refused
+    with pytest.raises(FleetFull):
+        fleet.observe("c", 100.0, 0, {"loss": 1.0})  # a heard from 41 s ago, b 50
+    fleet.observe("b", 110.0, 1, {"loss": 1.0})
+    fleet.observe("c", 120.0, 0, {"loss": 1.0})  # a silent for 61 s: forgotten
+    assert sorted(fleet.windows) == ["b", "c"] and sorted(fleet.assessments) == ["b", "c"]
+    assert fleet.forgotten == ["a"] and "a" in fleet.corrupt
+    assert fleet.observe("a", 300.0, 2, {"loss": 1.0})[0].risk == 1.0  # b, c quiet; sticky
+
+
+def test_the_adapter_refuses_a_full_fleet_and_drops_forgotten_gauges():
+    from services.health.servicer import RISK, HealthServicer
+    from services.health.settings import HealthSettings
+
+    svc = HealthServicer(HealthSettings(max_nodes=1, forget_after_seconds=10))
+
+    def sample(node):
+        return coordinator.TelemetrySample(node_id=node, step=1, metrics={"loss": 1.0})
+
+    def risk_series():
+        return {s.labels["node"] for m in RISK.collect() for s in m.samples}
+
+    svc.ingest(sample("old-node"), 0.0)
+    assert "old-node" in risk_series()
+    with pytest.raises(StalwartError) as refused:
+        svc.ingest(sample("new-node"), 5.0)
+    assert refused.value.kind is ErrorKind.LIMIT_EXCEEDED and "--max-nodes" in str(refused.value)
+    svc.ingest(sample("new-node"), 20.0)
+    assert "old-node" not in risk_series() and "new-node" in risk_series()
