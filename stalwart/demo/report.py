@@ -40,7 +40,7 @@ def build(
     *, config, spec, local, t0, started, result, reference, reference_s, finished, heat=None
 ) -> dict:
     """``heat``: (heated trainer, heat_from_step, crash_at_step), or None if nobody heated."""
-    recoveries = [timeline.recover(f, result.events) for f in result.faults]
+    recoveries = [timeline.recover(f, result.events, spec.steps) for f in result.faults]
     drain = (timeline.health_drain(result.events, *heat, result.heated_alive)
              if heat is not None else None)  # fmt: skip
     if drain is not None:  # seconds since the demo began, as every time in the report
@@ -125,7 +125,7 @@ def build(
         report["job"]["state"] == "SUCCEEDED"
         and equal is not False
         and result.final_version == spec.steps
-        and all(f["recovery_s"] is not None for f in report["faults"])
+        and all(f["recovery_s"] is not None or f["after_end"] for f in report["faults"])
         and (drain is None or drain["ok"])
     )
     return report
@@ -171,7 +171,7 @@ def render(report: dict, console: Console | None = None) -> None:
             f"t={f['killed_at_s']:.1f}\nstep {f['step_at_kill']}",
             f"+{_s(f['detection_s'])}\n{_why(f['detected_by'])}",
             _short(_fix(f["action"])),
-            "—" if f["resumed_step"] is None
+            ("job had ended" if f["after_end"] else "—") if f["resumed_step"] is None
             else f"step {f['resumed_step']}\n{f['steps_during']} steps meanwhile",
             _s(f["recovery_s"]),
         )  # fmt: skip

@@ -242,7 +242,9 @@ async def _train(
                     await wait_step(recorder, at, config.stall_timeout_s)
                 finally:
                     ticker.cancel()
-                if recorder.finished:
+                # The event stream can trail the job by several steps on a loaded
+                # machine: ask where the job is before killing for nothing.
+                if recorder.finished or (await client.get_job(job.job_id)).step >= spec.steps:
                     break
                 fault = await inject(kind, local, client, job.job_id, recorder)
                 faults.append(fault)

@@ -64,6 +64,9 @@ class Recovery:
     resumed_at: float | None = None
     resumed_step: int | None = None
     steps_during: int = 0  # steps committed between the kill and the resume
+    # The job's last step was committed before the kill: nothing was left to resume
+    # (a kill aimed near the end can land after it on a loaded machine).
+    after_end: bool = False
 
     @property
     def detection_s(self) -> float | None:
@@ -96,13 +99,19 @@ class Recovery:
             "resumed_step": self.resumed_step,
             "recovery_s": dur(self.recovery_s),
             "steps_during": self.steps_during,
+            "after_end": self.after_end,
         }
 
 
-def recover(fault: Fault, events: Sequence[Ev]) -> Recovery:
-    """Apply the rules above to the events that came after the kill."""
+def recover(fault: Fault, events: Sequence[Ev], last_step: int | None = None) -> Recovery:
+    """Apply the rules above to the events that came after the kill. ``last_step``:
+    the job's final step, to tell a kill that came after it."""
     after = sorted((e for e in events if e.time >= fault.killed_at - 0.001), key=_seq)
     rec = Recovery(fault)
+    rec.after_end = last_step is not None and any(
+        e.kind == "STEP_COMMITTED" and e.step >= last_step and e.time < fault.killed_at
+        for e in events
+    )
     if fault.kind == "coordinator":
         elected = _first(after, "LEADER_ELECTED")
         if elected is not None:

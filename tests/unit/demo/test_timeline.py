@@ -72,6 +72,20 @@ def test_unrecovered_fault_has_no_times():
     assert rec.to_dict()["recovery_s"] is None
 
 
+def test_a_kill_after_the_last_step_is_told_apart_from_one_never_recovered():
+    # the event stream trailed the job: the leader was killed after step 40 of 40
+    events = [
+        *commits(1, 5.0, range(30, 41)),
+        Ev(20, "LEADER_ELECTED", 5.4, "", "coord-0", 0, "leader elected at epoch 2"),
+    ]
+    late = recover(Fault("coordinator", "coord-1", 5.358, 32), events, last_step=40)
+    assert late.recovery_s is None and late.after_end and late.to_dict()["after_end"]
+    # the same kill before the last step, with no step after it: not recovered
+    early = recover(Fault("coordinator", "coord-1", 5.05, 35), events[:6], last_step=40)
+    assert early.recovery_s is None and not early.after_end
+    assert not recover(Fault("coordinator", "coord-1", 5.358, 32), events).after_end
+
+
 def test_events_before_the_kill_do_not_count():
     events = [Ev(1, "NODE_DEAD", 5.0, "", "trainer-1", 0, "an earlier death")]
     assert recover(Fault("trainer", "trainer-1", 10.0, 3), events).detected_at is None
