@@ -34,7 +34,7 @@ from stalwart.api import common, paramserver, paramserver_grpc
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.offload import off_loop as _off_loop
 from stalwart.offload import tensor_bytes
-from stalwart.server import rpc_handler
+from stalwart.server import drain_on_refusal, rpc_handler
 
 log = structlog.get_logger(__name__)
 
@@ -106,7 +106,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     # --- registration -----------------------------------------------------------
 
-    @rpc_handler
+    @drain_on_refusal
     async def RegisterModel(self, request_iterator, context):
         header = await reading.header(request_iterator, "model header")
         self._client(header.epoch)
