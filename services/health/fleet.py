@@ -210,7 +210,14 @@ class Fleet:
         return 2 * flagged > len(live)
 
     def report_corruption(self, node_id: str, message: str, now: float) -> AlertDraft:
-        """Corruption caught elsewhere: risk 1 from now on, and an alert."""
+        """Corruption caught elsewhere: risk 1 from now on, and an alert. Reports are
+        sticky, so they are never forgotten to make room: past ``max_nodes`` nodes
+        reported, a report about yet another node is refused (FleetFull)."""
+        if node_id not in self.corrupt and len(self.corrupt) >= self.config.max_nodes:
+            raise FleetFull(
+                f"corruption reported about {len(self.corrupt)} nodes, each kept for good; "
+                "a report about another node is refused (--max-nodes)"
+            )
         self.corrupt[node_id] = message
         old = self.assessments.get(node_id)
         self.assessments[node_id] = Assessment(

@@ -161,7 +161,10 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
         now = time.time()
         kind = request.kind or health.ALERT_KIND_DATA_CORRUPTION
         if kind == health.ALERT_KIND_DATA_CORRUPTION:
-            self.fleet.report_corruption(request.node_id, request.message, now)
+            try:
+                self.fleet.report_corruption(request.node_id, request.message, now)
+            except FleetFull as full:
+                raise StalwartError(ErrorKind.LIMIT_EXCEEDED, str(full)) from None
         alert = self._publish(kind, request.node_id, 1.0, request.message, request.drain, now)
         return health.RaiseAlertResponse(alert=alert)
 

@@ -3,6 +3,7 @@ forest and alert drafts (no gRPC)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import numpy as np
@@ -21,7 +22,7 @@ from services.health.fleet import (
 from services.health.online import FleetForest, gauge_names
 from services.health.servicer import check_sample, risk_proto
 from services.health.window import NodeWindow, Sample
-from stalwart.api import coordinator
+from stalwart.api import coordinator, health
 from stalwart.errors import ErrorKind, StalwartError
 
 pytestmark = pytest.mark.timeout(60)
@@ -438,3 +439,33 @@ def test_the_adapter_refuses_a_full_fleet_and_drops_forgotten_gauges():
     assert refused.value.kind is ErrorKind.LIMIT_EXCEEDED and "--max-nodes" in str(refused.value)
     svc.ingest(sample("new-node"), 20.0)
     assert "old-node" not in risk_series() and "new-node" in risk_series()
+
+
+def test_corruption_reports_about_invented_nodes_are_capped_not_forgotten():
+    """Reports are sticky, so none is dropped to make room: past max_nodes reported
+    nodes a report about another one is refused, one about a known node still lands,
+    and the adapter answers RESOURCE_EXHAUSTED."""
+    from services.health.servicer import HealthServicer
+    from services.health.settings import HealthSettings
+
+    fleet = Fleet(HealthConfig(max_nodes=2))
+    fleet.report_corruption("a", "outvoted", 0.0)
+    fleet.report_corruption("b", "outvoted", 1.0)
+    with pytest.raises(FleetFull, match="corruption reported about 2 nodes"):
+        fleet.report_corruption("c", "outvoted", 2.0)
+    fleet.report_corruption("a", "outvoted again", 3.0)
+    assert fleet.corrupt == {"a": "outvoted again", "b": "outvoted"}
+    assert sorted(fleet.assessments) == ["a", "b"]
+
+    svc = HealthServicer(HealthSettings(max_nodes=1))
+    raise_alert = HealthServicer.RaiseAlert.__wrapped__  # without the gRPC status mapping
+
+    def report(node):
+        request = health.RaiseAlertRequest(node_id=node, message="bad sum")
+        return asyncio.run(raise_alert(svc, request, None))
+
+    assert report("n1").alert.node_id == "n1"
+    with pytest.raises(StalwartError) as refused:
+        report("n2")
+    assert refused.value.kind is ErrorKind.LIMIT_EXCEEDED and "--max-nodes" in str(refused.value)
+    assert list(svc.fleet.corrupt) == ["n1"]
