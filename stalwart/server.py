@@ -83,12 +83,17 @@ def rpc_handler(fn: Callable[..., Any]) -> Callable[..., Any]:
                     yield response
 
         return stream_wrapper
+    return _unary_answer(fn, drain=False)
+
+
+def _unary_answer(fn: Callable[..., Any], drain: bool) -> Callable[..., Any]:
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"rpc_handler needs an async function, got {fn!r}")
 
     @functools.wraps(fn)
     async def unary_wrapper(*args: Any) -> Any:
-        async with _answer_errors(args[-1], fn.__qualname__):
+        requests = args[-2] if drain else None
+        async with _answer_errors(args[-1], fn.__qualname__, requests=requests):
             return await fn(*args)
 
     return unary_wrapper
@@ -98,7 +103,8 @@ def rpc_handler(fn: Callable[..., Any]) -> Callable[..., Any]:
 # the client is still sending, for at most this long: a grpc.aio client whose write
 # fails after the status arrived reports INTERNAL instead of that status
 # (grpc/grpc#36066; a toy server refusing after the first of seven 4 MiB messages
-# had 6 of 50 calls end INTERNAL, none once it read the rest first).
+# had 6 of 50 calls end INTERNAL, none once it read the rest first). A refused
+# push's bytes are thus still uploaded, for at most this long.
 DRAIN_BEFORE_REFUSAL_S = 2.0
 
 
@@ -106,13 +112,7 @@ def drain_on_refusal(fn: Callable[..., Any]) -> Callable[..., Any]:
     """:func:`rpc_handler` for a stream-unary method that may refuse before the end of
     its request stream (the request iterator must be the argument before the context).
     Not for bidirectional or long-lived streams: the refusal waits for the drain."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: Any) -> Any:
-        async with _answer_errors(args[-1], fn.__qualname__, requests=args[-2]):
-            return await fn(*args)
-
-    return wrapper
+    return _unary_answer(fn, drain=True)
 
 
 async def _drain(requests) -> None:

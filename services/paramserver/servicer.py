@@ -165,7 +165,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     # --- push ------------------------------------------------------------------
 
-    @rpc_handler
+    @drain_on_refusal
     async def Push(self, request_iterator, context):
         job, header, response = await self._push(request_iterator, context)
         if header.answer_parameters_bytes:
@@ -537,7 +537,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     # --- backup side (services/paramserver/backupside.py) -----------------------
 
-    @rpc_handler
+    @drain_on_refusal
     async def ReplicatePush(self, request_iterator, context):
         await self.backup_side.replicate_push(request_iterator)
         return paramserver.ReplicatePushResponse()
@@ -556,7 +556,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     async def close_streams(self) -> None:
         await self.backup_side.close_streams()
 
-    @rpc_handler
+    @drain_on_refusal
     async def InstallState(self, request_iterator, context):
         return await self.backup_side.install(request_iterator)
 

@@ -270,3 +270,19 @@ async def test_duplicate_push_is_acknowledged_and_applied_once(shared_groups) ->
         )
         final = await assert_same_state(stub_for, group.replicas, job.job_id)
         assert (final.version, final.combined) == (state.version, state.combined)
+
+
+async def test_pushes_refused_at_their_header_arrive_with_the_status_sent(launcher) -> None:
+    """A push for a job the replica does not hold is refused after its header, while
+    the client still has 4 MiB chunks to write; each refusal must reach it as
+    NOT_FOUND, not as the INTERNAL a grpc.aio client reports when a write fails after
+    the status arrived (the server reads the rest of the stream before refusing)."""
+    primary = launcher.start("p", "--role", "primary")  # default limits: 4 MiB chunks
+    messages = push_messages("never-held", 0, 0, {"w": torch.ones(6 << 20)})  # 24 MiB
+    async with stubs() as stub_for:
+        stub = stub_for(primary.address)
+        details = set()
+        for _ in range(30):
+            err = await expect_error(push_raw(stub, messages), Code.NOT_FOUND, "UNKNOWN_JOB")
+            details.add(err.message)
+        assert len(details) == 1 and "never-held" in details.pop()
