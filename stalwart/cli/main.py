@@ -17,6 +17,7 @@ app = typer.Typer(
     help="Stalwart: self-healing distributed PyTorch training.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 app.add_typer(ps.app, name="ps")
 app.add_typer(bench.app, name="bench")

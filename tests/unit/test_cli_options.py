@@ -83,3 +83,19 @@ def test_calls_that_walk_a_checkpoint_may_take_all_of_their_timeout(
     assert attempts == [(method, 400.0)]
     text = runner.invoke(stalwart, [*args[:2], "--help"], env={"COLUMNS": "200"}).output
     assert "seconds to wait" in text and f"{LONG_TIMEOUT_S:.1f}" in text
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["jobs", "--bogus"], "Error: No such option: --bogus"),
+        (["job", "create"], "Error: No such command 'create'."),
+    ],
+)
+def test_usage_errors_end_in_one_plain_error_line(args: list[str], error: str) -> None:
+    """A mistyped command line exits 2 with click's plain usage hint and one `Error:`
+    line, the shape every other refusal of the CLI has (no framed box)."""
+    result = CliRunner().invoke(stalwart, args)
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == error
+    assert "╭" not in result.output
