@@ -40,7 +40,8 @@ The same columns in a Parquet file (PATH ending .parquet or .pq), read in record
 batches: times as numbers, Arrow timestamps or ISO text; metrics numeric (or text
 holding numbers); null = missing. Rows are numbered as in the CSV (first data row = 2).
 Polls missing at the declared --poll-interval (default: the file's median spacing) are
-inserted as missed polls. --profile transceiver: columns NAME_0, NAME_1, ... are lanes
+inserted as missed polls. A row repeating its entity's timestamp and values is a poll
+sent twice and read once; with other values, the file is refused. --profile transceiver: columns NAME_0, NAME_1, ... are lanes
 of one quantity, and the transceiver window, shift and loss settings apply.
 """
 
@@ -225,14 +226,40 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _blocks(e: EntityRows, d: int):
-    """Rows sorted by time (stable): t, x (n, d), labels, per-row split."""
+def _blocks(p: Path, ent: str, e: EntityRows, metrics: list[str], unit: str):
+    """Rows sorted by time (stable), a poll sent twice kept once: t, x (n, d), labels,
+    per-row split."""
     t = np.frombuffer(e.t, dtype=np.float64)
     order = np.argsort(t, kind="stable")
-    x = np.frombuffer(e.x, dtype=np.float32).reshape(len(t), d)
+    x = np.frombuffer(e.x, dtype=np.float32).reshape(len(t), len(metrics))
     lab = np.frombuffer(e.label, dtype=np.int8)
     tr = np.frombuffer(e.train, dtype=np.int8)
-    return t[order], x[order], (lab[order] if lab.size else lab), tr[order]
+    rows = t[order], x[order], (lab[order] if lab.size else lab), tr[order]
+    return _once_per_time(p, ent, metrics, unit, *rows)
+
+
+def _once_per_time(p: Path, ent: str, metrics: list[str], unit: str, t, x, lab, tr):
+    """A row repeating its entity's timestamp with the same values is a poll sent twice
+    (an export retried) and is dropped; with other values the file is refused, since
+    which reading holds cannot be told (Prometheus treats samples the same way)."""
+    again = np.flatnonzero(np.diff(t) == 0) + 1  # rows at the time of the row before
+    if again.size == 0:
+        return t, x, lab, tr
+    a, b = x[again], x[again - 1]
+    same_x = (a == b) | (np.isnan(a) & np.isnan(b))
+    same = same_x.all(axis=1) & (tr[again] == tr[again - 1])
+    if lab.size:
+        same &= lab[again] == lab[again - 1]
+    if not same.all():
+        i = int(np.argmin(same))
+        column = metrics[int(np.argmin(same_x[i]))] if not same_x[i].all() else "label/split"
+        raise CsvError(
+            f"{p}: entity '{ent}': two rows at timestamp {t[again[i]] / TIME_UNITS.get(unit, 1.0):g} "
+            f"differ (column '{column}'): one row per poll, or drop the wrong one"
+        )
+    keep = np.ones(len(t), dtype=bool)
+    keep[again] = False
+    return t[keep], x[keep], (lab[keep] if lab.size else lab), tr[keep]
 
 
 def _polls_apart(t: np.ndarray, step: float) -> np.ndarray:
@@ -295,7 +322,10 @@ def load(path: str, opts: CsvOptions | None = None) -> DetectionSet | Prediction
     metrics, ents, detection = read(p, opts)
     if not ents:
         raise CsvError(f"{p}: no data rows after the header")
-    out = _detection(p.name, metrics, ents) if detection else _prediction(p, metrics, ents, opts)
+    if detection:
+        out = _detection(p, metrics, ents, opts.time_unit)
+    else:
+        out = _prediction(p, metrics, ents, opts)
     del ents
     release_freed()  # the raw rows, freed entity by entity
     return out
@@ -308,10 +338,11 @@ def _kind(file_name: str) -> str:
     return "parquet" if fleetparquet.is_parquet(Path(file_name)) else "csv"
 
 
-def _detection(name: str, metrics: list[str], ents: dict[str, EntityRows]) -> DetectionSet:
+def _detection(p: Path, metrics: list[str], ents: dict[str, EntityRows], unit: str) -> DetectionSet:
+    name = p.name
     machines = []
     for ent, e in ents.items():
-        _, x, y, tr = _blocks(e, len(metrics))
+        _, x, y, tr = _blocks(p, ent, e, metrics, unit)
         is_train = tr == 1 if (tr >= 0).any() else np.arange(len(x)) < len(x) // 2
         if not is_train.any() or is_train.all():
             raise CsvError(
@@ -353,20 +384,22 @@ def _lanes(metrics: list[str]) -> list[list[str]]:
 
 
 def _median_spacing(ents: dict[str, EntityRows]) -> float:
-    gaps = [np.diff(np.sort(np.frombuffer(e.t))) for e in ents.values() if len(e.t) > 1]
+    """The median interval between an entity's distinct timestamps (a poll sent twice
+    is one poll; see _once_per_time); 1 when no entity has two (then nothing is a gap)."""
+    gaps = [np.diff(np.unique(np.frombuffer(e.t))) for e in ents.values() if len(e.t) > 1]
+    gaps = [g for g in gaps if g.size]
     return float(np.median(np.concatenate(gaps))) if gaps else 1.0
 
 
 def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions) -> PredictionSet:
-    step = opts.poll_interval or _median_spacing(ents)
+    step = _median_spacing(ents) if opts.poll_interval is None else opts.poll_interval
     if not (step > 0 and np.isfinite(step)):
         raise CsvError(
-            f"{p}: the poll interval is {step:g} h (most entities repeat their timestamps?): "
-            "give --poll-interval in hours, or one row per poll"
+            f"{p}: the poll interval is {step:g} h: give --poll-interval in hours, above 0"
         )
     out, split = [], {}
     for ent, e in ents.items():
-        t, x, _, _ = _blocks(e, len(metrics))
+        t, x, _, _ = _blocks(p, ent, e, metrics, opts.time_unit)
         f = e.failure[0]
         keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)  # the dead module
         _check_gaps(p, ent, t[keep], step, opts.time_unit)

@@ -62,7 +62,9 @@ PRED = "entity,timestamp,temp,failure_time"
             [PRED + ",split", "m1,0,40,,train", "m1,1,40,,train", "m2,0,40,,train"],
             "no test entity among 2 (evaluating needs both",
         ),
-        ([PRED, "m1,5,40,", "m1,5,41,", "m2,5,40,", "m2,5,40,"], "the poll interval is 0 h"),
+        ([PRED, "m1,4,40,", "m1,5,40,", "m1,5,41,"], "entity 'm1': two rows at timestamp 5 "
+         "differ (column 'temp')"),
+        (["entity,timestamp,temp,label", "m1,5,40,0", "m1,5,40,1"], "column 'label/split'"),
         (
             [PRED + ",split", *[f"m1,{t},40,,train" for t in range(5)], "m1,-1e9,40,,train",
              "m2,0,40,,test", "m2,1,40,,test"],
@@ -76,6 +78,8 @@ def test_bad_file_is_one_line_naming_row_and_column(tmp_path, capsys, lines, say
 
 def test_missing_file_and_bad_options(tmp_path, capsys):
     assert "not found" in _refused(capsys, tmp_path / "nope.csv")
+    two_polls = _write(tmp_path, [PRED, "m1,0,40,", "m1,1,40,"])
+    assert "the poll interval is 0 h" in _refused(capsys, two_polls, "--poll-interval", "0")
     with pytest.raises(fleetcsv.CsvError, match="--profile"):
         fleetcsv.load(str(_write(tmp_path, [PRED, "m1,0,1,"])), fleetcsv.CsvOptions(profile="x"))
 
@@ -271,3 +275,20 @@ def test_a_quoted_line_break_stays_in_its_cell(tmp_path, monkeypatch, block_byte
     ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(progress=False))
     ents = {e.name: e for e in ds.train + ds.test}
     assert set(ents) == {"rack 1\nm1", "m2"} and ents["rack 1\nm1"].x[:, 0].tolist() == [40, 41]
+
+
+def test_a_poll_sent_twice_is_one_poll(tmp_path):
+    """An export that repeats a row (same entity, time and values) reads as if it had
+    not: no zero-length interval, no extra row, the same median spacing."""
+    rows = [PRED, "m1,0,40,", "m1,1,41,", "m1,2,42,", "m2,0,40,", "m2,1,40,"]
+    once = fleetcsv.load(
+        str(_write(tmp_path, rows, "once.csv")), fleetcsv.CsvOptions(progress=False)
+    )
+    twice = fleetcsv.load(
+        str(_write(tmp_path, [*rows, "m1,1,41,", "m2,0,40,"], "twice.csv")),
+        fleetcsv.CsvOptions(progress=False),
+    )
+    assert twice.step == once.step == 1.0
+    for a, b in zip(once.train + once.test, twice.train + twice.test, strict=True):
+        assert a.name == b.name and a.t.tolist() == b.t.tolist()
+        assert np.array_equal(a.x, b.x, equal_nan=True)
