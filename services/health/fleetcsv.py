@@ -41,8 +41,9 @@ batches: times as numbers, Arrow timestamps or ISO text; metrics numeric (or tex
 holding numbers); null = missing. Rows are numbered as in the CSV (first data row = 2).
 Polls missing at the declared --poll-interval (default: the file's median spacing) are
 inserted as missed polls. A row repeating its entity's timestamp and values is a poll
-sent twice and read once; with other values, the file is refused. --profile transceiver: columns NAME_0, NAME_1, ... are lanes
-of one quantity, and the transceiver window, shift and loss settings apply.
+sent twice and read once; with other values, the file is refused. --profile
+transceiver: columns NAME_0, NAME_1, ... are lanes of one quantity, and the
+transceiver window, shift and loss settings apply.
 """
 
 RESERVED = ("entity", "timestamp", "label", "failure_time", "split")
@@ -253,9 +254,10 @@ def _once_per_time(p: Path, ent: str, metrics: list[str], unit: str, t, x, lab, 
     if not same.all():
         i = int(np.argmin(same))
         column = metrics[int(np.argmin(same_x[i]))] if not same_x[i].all() else "label/split"
+        when = t[again[i]] / TIME_UNITS.get(unit, 1.0)
         raise CsvError(
-            f"{p}: entity '{ent}': two rows at timestamp {t[again[i]] / TIME_UNITS.get(unit, 1.0):g} "
-            f"differ (column '{column}'): one row per poll, or drop the wrong one"
+            f"{p}: entity '{ent}': two rows at timestamp {when:g} differ (column "
+            f"'{column}'): one row per poll, or drop the wrong one"
         )
     keep = np.ones(len(t), dtype=bool)
     keep[again] = False
