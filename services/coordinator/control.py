@@ -411,6 +411,7 @@ class Control:
                 raise StalwartError(
                     ErrorKind.ALREADY_EXISTS, f"job {job_id!r} exists (another request)"
                 )
+            self._check_room_for_a_job()
             if request_id:
                 await self.io(self.state.put_request, self.epoch, request_id, job_id)
             now = time.time()
@@ -426,6 +427,15 @@ class Control:
             self._reconcile(now)
             await self._flush()
             return job
+
+    def _check_room_for_a_job(self) -> None:
+        live = sum(not j.finished for j in self.live_jobs.values())
+        if live >= self.settings.max_live_jobs:
+            raise StalwartError(
+                ErrorKind.LIMIT_EXCEEDED,
+                f"{live} jobs are pending or running, the most this cluster admits "
+                "(--max-live-jobs); cancel one or wait for one to end",
+            )
 
     def job(self, job_id: str) -> jobs.Job:
         self.require_leader()

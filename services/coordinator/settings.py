@@ -80,6 +80,11 @@ class CoordinatorSettings(ServiceSettings):
     max_steps: int = Field(default=10**9, ge=1)
     """Most steps one job may ask for."""
 
+    max_live_jobs: int = Field(default=1000, ge=1)
+    """Most jobs pending or running at once; CreateJob beyond it is refused
+    (RESOURCE_EXHAUSTED) until one ends. Every live job costs the leader work on each
+    tick and each admission, so an unbounded queue would slow its heartbeats."""
+
     events_kept: int = Field(default=10_000, ge=100)
     """Events kept in the store for WatchEvents replay."""
 

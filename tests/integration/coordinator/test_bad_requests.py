@@ -105,6 +105,24 @@ async def test_an_oversize_create_job_is_refused_and_the_leader_keeps_its_lease(
         await _still_leading(c1.address, first.epoch)
 
 
+async def test_jobs_past_max_live_jobs_are_refused_until_one_ends(cluster):
+    """A script creating jobs in a loop cannot grow the leader's work without end: past
+    --max-live-jobs pending or running jobs, CreateJob is refused, nothing is admitted,
+    and a job that ends makes room again."""
+    c1 = cluster.coordinator("c1", "--max-live-jobs", "2")
+    await wait_leader(c1.address)
+    async with CoordinatorClient(c1.address) as client:
+        for name in ("a", "b"):  # no trainers: both stay pending
+            await client.create_job(job_spec(num_slots=1), job_id=name)
+        err = await _refused(client.create_job(job_spec(num_slots=1), job_id="c"),
+                             Code.RESOURCE_EXHAUSTED, ErrorKind.LIMIT_EXCEEDED)  # fmt: skip
+        assert "2 jobs are pending or running" in err.message and "--max-live-jobs" in err.message
+        assert sorted(j.job_id for j in await client.all_jobs()) == ["a", "b"]
+        await client.cancel_job("a", reason="make room")
+        await client.create_job(job_spec(num_slots=1), job_id="c")
+        assert sorted(j.job_id for j in await client.all_jobs()) == ["a", "b", "c"]
+
+
 async def test_enum_filters_out_of_range_are_refused(cluster):
     c1 = cluster.coordinator("c1")
     await wait_leader(c1.address)
