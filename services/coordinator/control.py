@@ -86,6 +86,7 @@ class Control:
         self.epoch = 0  # epoch this replica leads under; 0 while it does not
         self._dirty_jobs: set[str] = set()
         self._dirty_nodes: set[str] = set()
+        self._forgotten_nodes: set[str] = set()  # dead long enough: deleted at the flush
         self._dirty_groups: set[int] = set()
         self._dirty_errors: set[str] = set()  # job ids whose user-error counts changed
         self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
@@ -122,7 +123,9 @@ class Control:
         """Persist what changed under our epoch, then publish the events."""
         epoch = self.epoch
         jobs_out = [job_to_proto(self.jobs[j]) for j in sorted(self._dirty_jobs) if j in self.jobs]
-        nodes_out = [self.node_proto(self.members.nodes[n]) for n in sorted(self._dirty_nodes)]
+        nodes = self.members.nodes
+        nodes_out = [self.node_proto(nodes[n]) for n in sorted(self._dirty_nodes) if n in nodes]
+        nodes_gone = sorted(n for n in self._forgotten_nodes if n not in nodes)
         groups_out = [
             (s, *self.groups.get(s, ("", 0)), s in self.lost_groups, self._primary_instance(s))
             for s in sorted(self._dirty_groups)
@@ -132,10 +135,13 @@ class Control:
         found = metrics.outcomes(events)
         recoveries = metrics.counted(self.recoveries, found)
         self._dirty_jobs.clear(), self._dirty_nodes.clear(), self._dirty_groups.clear()
+        self._forgotten_nodes.clear()
 
         def write() -> None:
             for job in jobs_out:
                 self.state.put_job(epoch, job)
+            for node_id in nodes_gone:
+                self.state.delete_node(epoch, node_id)
             for node in nodes_out:
                 self.state.put_node(epoch, node)
             for shard, primary, group_epoch, lost, instance in groups_out:
@@ -501,13 +507,30 @@ class Control:
             for node in self.members.expire(now):
                 self._node_died(node, "lease expired")
             self._reconcile(now)
+            self._forget_dead(now)
             if (
                 self._dirty_jobs
                 or self._dirty_nodes
+                or self._forgotten_nodes
                 or self._dirty_groups
                 or self.events.has_pending
             ):
                 await self._flush()
+
+    def _forget_dead(self, now: float) -> None:
+        """Drop nodes dead for --forget-dead-after-seconds that no live job (slot or
+        standby place) or shard group names any more."""
+
+        def named() -> set[str]:
+            return set(self.holdings()) | {primary for primary, _ in self.groups.values()}
+
+        after_s = self.settings.forget_dead_after_seconds
+        gone = self.members.forget_dead(now, after_s, named)
+        for node_id in gone:
+            self.views.pop(node_id, None)
+        self._forgotten_nodes.update(gone)
+        if gone:
+            log.info("dead nodes forgotten", count=len(gone), first=gone[:10], after_s=after_s)
 
     def _node_died(self, node: NodeRecord, why: str) -> None:
         self._dirty_nodes.add(node.node_id)

@@ -15,6 +15,7 @@ declares none dead on silence (``expire``): it is the one cut off.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.coordinator.detector import ArrivalWindow, DetectorConfig
@@ -152,6 +153,20 @@ class Membership:
         for node in dead:
             node.state = NodeState.DEAD
         return sorted(dead, key=lambda n: n.node_id)
+
+    def forget_dead(self, now: float, after_s: float, named: Callable[[], set[str]]) -> list[str]:
+        """Remove the DEAD nodes whose lease ended ``after_s`` ago, except those
+        ``named()`` returns (still named by a job or group; asked only when some node
+        is due); return their ids. A quarantined node is never forgotten: corruption
+        is a property of the machine."""
+        due = [n.node_id for n in self.nodes.values()
+               if n.state is NodeState.DEAD and n.lease_expires <= now - after_s]  # fmt: skip
+        keep = named() if due else set()
+        gone = sorted(n for n in due if n not in keep)
+        for node_id in gone:
+            del self.nodes[node_id]
+            self._arrivals.pop(node_id, None)
+        return gone
 
     def hears_nobody(self, now: float) -> bool:
         """Two or more nodes hold leases and not one was heard in half the floor."""

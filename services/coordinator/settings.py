@@ -49,6 +49,11 @@ class CoordinatorSettings(ServiceSettings):
     """Ceiling of failure detection: a node silent this long is dead whatever its history
     (never below node_lease_seconds: a longer floor raises it)."""
 
+    forget_dead_after_seconds: float = Field(default=3600.0, gt=0)
+    """A node dead this long (since its lease ended) that no live job or shard group
+    names is removed from the membership and the store, so processes replaced under
+    new ids (pods of a Deployment) do not pile up in every tick and listing."""
+
     heartbeat_interval_seconds: float = Field(default=0.2, gt=0)
     """Beat interval nodes are told to keep."""
 

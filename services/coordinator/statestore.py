@@ -152,6 +152,9 @@ class StateStore:
         self.check(epoch)
         self.store.kv_put(self.key(f"nodes/{node.node_id}"), node.SerializeToString())
 
+    def delete_node(self, epoch: int, node_id: str) -> None:
+        self._put_or_drop(epoch, f"nodes/{node_id}", None)
+
     def put_group(
         self,
         epoch: int,
