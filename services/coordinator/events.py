@@ -73,8 +73,8 @@ class EventLog:
         if len(self._watchers) >= WATCHERS_LIMIT:
             raise StalwartError(
                 ErrorKind.LIMIT_EXCEEDED,
-                f"{len(self._watchers)} event watchers already, the most one leader serves; "
-                "close one, or list the events instead",
+                f"{len(self._watchers)} event watchers already, the most one leader "
+                "serves; close one first",
             )
         queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
         self._watchers.add(queue)
