@@ -31,6 +31,10 @@ MAX_MAP_KEY = 128
 MAX_MAP_VALUE = 1024
 MAX_LOCATION = 512  # "file.py:123 in function" of a user error
 
+# --- what one server holds open at once ---------------------------------------------
+
+MAX_WATCHERS = 1000  # watch streams per server: each holds a call and a queue of items
+
 # --- whole requests --------------------------------------------------------------------
 
 # The largest valid request of each non-tensor service fits with room to spare:
@@ -58,6 +62,15 @@ def check_string(field: str, value: str, limit: int) -> None:
     if len(value) > limit:
         raise StalwartError(
             ErrorKind.LIMIT_EXCEEDED, f"{field} is {len(value)} characters, limit {limit}"
+        )
+
+
+def check_watchers(kind: str, held: int, advice: str) -> None:
+    """LIMIT_EXCEEDED when a server already serves ``MAX_WATCHERS`` watch streams."""
+    if held >= MAX_WATCHERS:
+        raise StalwartError(
+            ErrorKind.LIMIT_EXCEEDED,
+            f"{held} {kind} watchers already, the most one server serves; {advice}",
         )
 
 

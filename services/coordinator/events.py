@@ -13,13 +13,10 @@ import asyncio
 import time
 
 from services.coordinator.convert import timestamp
+from stalwart import limits
 from stalwart.api import common
-from stalwart.errors import ErrorKind, StalwartError
 
 QUEUE_LIMIT = 10_000
-# Watchers one leader serves at once: each holds a call and a queue of up to
-# QUEUE_LIMIT events, so watchers opened without end would exhaust its memory.
-WATCHERS_LIMIT = 1000
 
 
 class EventLog:
@@ -70,12 +67,9 @@ class EventLog:
                 queue.put_nowait(event)
 
     def subscribe(self) -> asyncio.Queue:
-        if len(self._watchers) >= WATCHERS_LIMIT:
-            raise StalwartError(
-                ErrorKind.LIMIT_EXCEEDED,
-                f"{len(self._watchers)} event watchers already, the most one leader "
-                "serves; close one first",
-            )
+        # each holds a call and up to QUEUE_LIMIT events: unbounded, they would
+        # exhaust the leader's memory
+        limits.check_watchers("event", len(self._watchers), "close one first")
         queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
         self._watchers.add(queue)
         return queue

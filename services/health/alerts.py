@@ -6,11 +6,10 @@ import asyncio
 import itertools
 from collections import deque
 
+from stalwart import limits
 from stalwart.api import health
-from stalwart.errors import ErrorKind, StalwartError
 
 WATCH_QUEUE = 1000  # a watcher this far behind is cut off (it can list and re-watch)
-WATCHERS_LIMIT = 1000  # watchers served at once (each holds a call and a queue)
 
 
 class AlertLog:
@@ -34,12 +33,7 @@ class AlertLog:
         return queue not in self.watchers
 
     def subscribe(self) -> asyncio.Queue:
-        if len(self.watchers) >= WATCHERS_LIMIT:
-            raise StalwartError(
-                ErrorKind.LIMIT_EXCEEDED,
-                f"{len(self.watchers)} alert watchers already, the most served at once; "
-                "close one, or list the alerts instead",
-            )
+        limits.check_watchers("alert", len(self.watchers), "close one, or list the alerts")
         queue: asyncio.Queue = asyncio.Queue(WATCH_QUEUE)
         self.watchers.add(queue)
         return queue

@@ -11,15 +11,13 @@ import pytest
 
 from services.coordinator import events
 from services.health import alerts
+from stalwart import limits
 from stalwart.errors import ErrorKind, StalwartError
 
 
-@pytest.mark.parametrize(
-    "make, module",
-    [(events.EventLog, events), (lambda: alerts.AlertLog(kept=10), alerts)],
-)
-def test_watchers_past_the_limit_are_refused_until_one_leaves(make, module, monkeypatch):
-    monkeypatch.setattr(module, "WATCHERS_LIMIT", 3)
+@pytest.mark.parametrize("make", [events.EventLog, lambda: alerts.AlertLog(kept=10)])
+def test_watchers_past_the_limit_are_refused_until_one_leaves(make, monkeypatch):
+    monkeypatch.setattr(limits, "MAX_WATCHERS", 3)
 
     async def scenario() -> None:
         log = make()
