@@ -273,13 +273,13 @@ def _polls_apart(t: np.ndarray, step: float) -> np.ndarray:
     return k
 
 
-def _check_gaps(p: Path, ent: str, t: np.ndarray, step: float, unit: str) -> None:
+def _check_gaps(p: Path, ent: str, t: np.ndarray, k: np.ndarray, step: float, unit: str) -> None:
     """Refuse an entity whose gaps would add more missed polls than it has polls (and
     more than ``MISSED_POLLS_FREE``): one stray timestamp (a clock at 1970, epoch
-    seconds read as hours) would otherwise be gigabytes of rows of NaN."""
+    seconds read as hours) would otherwise be gigabytes of rows of NaN. ``k``: the
+    polls' ``_polls_apart``."""
     if len(t) < 2:
         return
-    k = _polls_apart(t, step)
     missed = int(k.sum()) - len(k)
     if missed <= max(len(t), MISSED_POLLS_FREE):
         return
@@ -292,13 +292,16 @@ def _check_gaps(p: Path, ent: str, t: np.ndarray, step: float, unit: str) -> Non
     )
 
 
-def fill_gaps(t: np.ndarray, x: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray]:
+def fill_gaps(
+    t: np.ndarray, x: np.ndarray, step: float, apart: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Insert a missed poll (a row of NaN) wherever consecutive polls are further apart
     than 1.5 ``step``: a dropped poll is a gap the model should see, not a shorter
-    interval between two readings."""
+    interval between two readings. ``apart``: ``_polls_apart(t, step)``, if known."""
     if len(t) < 2 or not step > 0:
         return t, x
-    pos = np.concatenate([[0], np.cumsum(_polls_apart(t, step))])
+    apart = _polls_apart(t, step) if apart is None else apart
+    pos = np.concatenate([[0], np.cumsum(apart)])
     n = int(pos[-1]) + 1
     real = np.zeros(n, dtype=bool)
     real[pos] = True
@@ -404,8 +407,10 @@ def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions)
         t, x, _, _ = _blocks(p, ent, e, metrics, opts.time_unit)
         f = e.failure[0]
         keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)  # the dead module
-        _check_gaps(p, ent, t[keep], step, opts.time_unit)
-        t, x = fill_gaps(t[keep], x[keep], step)
+        t, x = t[keep], x[keep]
+        apart = _polls_apart(t, step)  # once, for the check and the filling
+        _check_gaps(p, ent, t, apart, step, opts.time_unit)
+        t, x = fill_gaps(t, x, step, apart)
         out.append(Entity(ent, t, x, f, "failing" if np.isfinite(f) else "healthy"))
         split[ent] = _entity_split(p, ent, e)
         # The raw rows are copied into the entity: free them now, so a large export
