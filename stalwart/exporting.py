@@ -27,8 +27,8 @@ from google.protobuf import json_format
 from stalwart import checkpoint as ckpt
 from stalwart import optim, shardmap, training, weights
 from stalwart.api import common, coordinator
-from stalwart.client.coordinator import CoordinatorClient
-from stalwart.errors import ErrorKind, StalwartError
+from stalwart.client.coordinator import FINISHED, CoordinatorClient
+from stalwart.errors import ErrorKind, RpcError, StalwartError
 from stalwart.models import resolve
 
 # The optimizer file says what it is in its safetensors metadata.
@@ -56,6 +56,15 @@ async def pull_live(
     try:
         version, tensors = await pull_weights(ps, job_id, min_version, optimizer_state)
         names = {p.tensor_name for p in ps.pieces}
+    except RpcError as err:
+        if err.kind is ErrorKind.UNKNOWN_JOB and job.state in FINISHED:
+            raise StalwartError(
+                ErrorKind.UNKNOWN_JOB,
+                f"job {job_id} has ended and its paramservers no longer hold its model (they "
+                "keep the models of the jobs that ended last, --keep-finished-models); "
+                "export one of its checkpoints instead (--checkpoint ID)",
+            ) from None
+        raise
     finally:
         await ps.close()
     own = {n: t for n, t in tensors.items() if n in names}

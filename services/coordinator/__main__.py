@@ -13,7 +13,7 @@ import dataclasses
 
 import structlog
 
-from services.coordinator import metrics
+from services.coordinator import metrics, retention
 from services.coordinator.checkpoints import Checkpoints
 from services.coordinator.control import Control
 from services.coordinator.election import Election
@@ -72,6 +72,7 @@ async def run(settings: CoordinatorSettings) -> None:
         settings.paramserver_backups,
         settings.hung_step_seconds,
     )
+    model_retention = retention.ModelRetention(control, links, settings.keep_finished_models)
     node_probe = NodeProbe(control, links.channel, settings.heartbeat_interval_seconds)
     checkpoint_links = ReplicaLinks(lambda a: open_channel(a, channels, token))
     checkpoints = Checkpoints(control, checkpoint_links.stub, watch.group, settings)
@@ -127,6 +128,7 @@ async def run(settings: CoordinatorSettings) -> None:
         asyncio.create_task(election.run()),
         asyncio.create_task(_every(settings.tick_seconds, control.tick)),
         asyncio.create_task(_every(settings.paramserver_poll_seconds, watch.round)),
+        asyncio.create_task(_every(retention.PERIOD_S, model_retention.round)),
         asyncio.create_task(_every(settings.tick_seconds, node_probe.round)),
         asyncio.create_task(_every(settings.tick_seconds, checkpoints.round)),
     ]

@@ -100,6 +100,10 @@ class ReplicaLinks:
                                                       coordinator_epoch=coordinator_epoch)  # fmt: skip
         return await self._call(address, "ConfigureReplica", request, COMMAND_TIMEOUT_S)
 
+    async def delete_model(self, address: str, job_id: str, epoch: int):
+        request = paramserver.DeleteModelRequest(job_id=job_id, epoch=epoch)
+        return await self._call(address, "DeleteModel", request, COMMAND_TIMEOUT_S)
+
     async def _call(self, address: str, method: str, request, timeout: float):
         try:
             return await getattr(self.stub(address), method)(request, timeout=timeout)

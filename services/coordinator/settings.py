@@ -90,6 +90,11 @@ class CoordinatorSettings(ServiceSettings):
     (RESOURCE_EXHAUSTED) until one ends. Every live job costs the leader work on each
     tick and each admission, so an unbounded queue would slow its heartbeats."""
 
+    keep_finished_models: int = Field(default=8, ge=0)
+    """Finished jobs whose models (weights, optimizer state) the paramservers keep for
+    `stalwart job export`: those that ended last. Older ones are deleted from every
+    replica (export them from a checkpoint), so job after job cannot fill memory."""
+
     events_kept: int = Field(default=10_000, ge=100)
     """Events kept in the store for WatchEvents replay."""
 

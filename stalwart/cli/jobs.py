@@ -27,7 +27,7 @@ from stalwart.cli.output import (
 )
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.cli.trainflags import TrainingFlags, describe_rule
-from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.coordinator import FINISHED, CoordinatorClient
 
 app = typer.Typer(help="Submit, inspect, cancel and export training jobs.", no_args_is_help=True)
 app.command("export")(export_cmd.export)
@@ -40,12 +40,6 @@ BUILTIN_DEFAULTS: dict[str, dict] = {k: dict(v) for k, v in jobspec.MODEL_DEFAUL
 FALLBACK = jobspec.FALLBACK_DEFAULTS
 for _model, _extras in jobspec.MODEL_EXTRAS.items():
     BUILTIN_DEFAULTS[_model]["spec"] = _extras
-
-FINISHED = {
-    coordinator.JOB_STATE_SUCCEEDED,
-    coordinator.JOB_STATE_FAILED,
-    coordinator.JOB_STATE_CANCELLED,
-}
 
 
 class OptimizerName(enum.StrEnum):

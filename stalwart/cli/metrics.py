@@ -23,15 +23,10 @@ from rich.console import Console
 from stalwart.api import coordinator, paramserver
 from stalwart.cli.output import OUTPUT_OPTION, Output, cli_errors, emit_json, emit_table
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
-from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.coordinator import FINISHED, CoordinatorClient
 from stalwart.client.jobmetrics import JobMetricsReader
 
 COLUMNS = ("kind", "step", "loss", "detail")
-FINISHED = {
-    coordinator.JOB_STATE_SUCCEEDED,
-    coordinator.JOB_STATE_FAILED,
-    coordinator.JOB_STATE_CANCELLED,
-}
 # After the job ends, how long --follow waits for the final evaluation (slot 0
 # evaluates the last version after its last push is acknowledged).
 FINAL_EVAL_WAIT_S = 60.0

@@ -37,6 +37,12 @@ from stalwart.errors import ErrorKind, RpcError
 
 log = structlog.get_logger(__name__)
 
+# A job in one of these states has ended for good (JobState in the protos).
+FINISHED = frozenset({
+    coordinator.JOB_STATE_SUCCEEDED,
+    coordinator.JOB_STATE_FAILED,
+    coordinator.JOB_STATE_CANCELLED,
+})  # fmt: skip
 RECONNECT_BACKOFF_S = 1.0
 
 # Errors after which the same call may go to another replica.

@@ -28,16 +28,11 @@ import torch
 from stalwart import cluster, training
 from stalwart.api import coordinator
 from stalwart.bench import steptimeline
-from stalwart.client.coordinator import CoordinatorClient
+from stalwart.client.coordinator import FINISHED, CoordinatorClient
 from stalwart.demo import report, timeline
 from stalwart.demo.watch import EventRecorder, Sampler, param_client, pull_weights
 from stalwart.models import default_spec
 
-FINISHED = {
-    coordinator.JOB_STATE_SUCCEEDED,
-    coordinator.JOB_STATE_FAILED,
-    coordinator.JOB_STATE_CANCELLED,
-}
 DEFAULT_SCHEDULE = (("trainer", 0.25), ("paramserver", 0.5), ("coordinator", 0.75))
 HEATED = "trainer-0"
 MIN_HEAT_MARGIN = 10  # steps between the heat and the scripted death, or no heating

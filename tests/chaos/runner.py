@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from stalwart import cluster
 from stalwart.api import coordinator, paramserver, paramserver_grpc
 from stalwart.channel import open_channel
-from stalwart.client.coordinator import CoordinatorClient
-from stalwart.demo.run import FINISHED, pick_target
+from stalwart.client.coordinator import FINISHED, CoordinatorClient
+from stalwart.demo.run import pick_target
 from stalwart.demo.watch import EventRecorder, param_client, pull_weights
 from tests.chaos.netns import TestNet
 from tests.chaos.schedule import Fault

@@ -12,8 +12,8 @@ import torch
 
 from stalwart import cluster, models, training
 from stalwart.api import coordinator
-from stalwart.client.coordinator import CoordinatorClient
-from stalwart.demo.run import FINISHED, pick_target
+from stalwart.client.coordinator import FINISHED, CoordinatorClient
+from stalwart.demo.run import pick_target
 from stalwart.demo.timeline import Ev
 from stalwart.demo.watch import EventRecorder, param_client, pull_weights
 
