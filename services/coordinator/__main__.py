@@ -129,6 +129,7 @@ async def run(settings: CoordinatorSettings) -> None:
         asyncio.create_task(_every(settings.tick_seconds, control.tick)),
         asyncio.create_task(_every(settings.paramserver_poll_seconds, watch.round)),
         asyncio.create_task(_every(retention.PERIOD_S, model_retention.round)),
+        asyncio.create_task(_every(retention.PERIOD_S, retention.JobRetention(control).round)),
         asyncio.create_task(_every(settings.tick_seconds, node_probe.round)),
         asyncio.create_task(_every(settings.tick_seconds, checkpoints.round)),
     ]

@@ -178,6 +178,9 @@ class Checkpoints:
             ]
             for gone in self._marks.keys() - self.c.live_jobs.keys():
                 del self._marks[gone]  # a new leader or a resume learns them again
+            for gone in self._job_locks.keys() - self.c.live_jobs.keys():
+                if not self._job_locks[gone].locked():  # nobody holds or waits on it
+                    del self._job_locks[gone]
         if self._restoring is not None and not self._restoring.done():
             return  # a restore rewinds versions: order nothing meanwhile
         for job_id in due:

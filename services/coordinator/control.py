@@ -73,6 +73,9 @@ class Control:
         # ones until their nodes are released (they never hold one again). A long-lived
         # leader admits jobs without end; heartbeats and reconciles walk only these.
         self.live_jobs: dict[str, jobs.Job] = {}
+        # the finished jobs' ids in the order they ended, oldest first: the first ones
+        # are forgotten past --keep-finished-jobs
+        self.finished_order: dict[str, None] = {}
         self.groups: dict[int, tuple[str, int]] = {}  # shard -> (primary node id, epoch)
         # shard -> (primary node id, the process instance the group relies on), stored
         # with the group so that a new leader tells a primary restarted meanwhile
@@ -87,6 +90,7 @@ class Control:
         self._dirty_jobs: set[str] = set()
         self._dirty_nodes: set[str] = set()
         self._forgotten_nodes: set[str] = set()  # dead long enough: deleted at the flush
+        self._forgotten_jobs: set[str] = set()  # ended long enough ago: deleted at the flush
         self._dirty_groups: set[int] = set()
         self._dirty_errors: set[str] = set()  # job ids whose user-error counts changed
         self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
@@ -126,6 +130,7 @@ class Control:
         nodes = self.members.nodes
         nodes_out = [self.node_proto(nodes[n]) for n in sorted(self._dirty_nodes) if n in nodes]
         nodes_gone = sorted(n for n in self._forgotten_nodes if n not in nodes)
+        jobs_gone = sorted(j for j in self._forgotten_jobs if j not in self.jobs)
         groups_out = [
             (s, *self.groups.get(s, ("", 0)), s in self.lost_groups, self._primary_instance(s))
             for s in sorted(self._dirty_groups)
@@ -135,11 +140,13 @@ class Control:
         found = metrics.outcomes(events)
         recoveries = metrics.counted(self.recoveries, found)
         self._dirty_jobs.clear(), self._dirty_nodes.clear(), self._dirty_groups.clear()
-        self._forgotten_nodes.clear()
+        self._forgotten_nodes.clear(), self._forgotten_jobs.clear()
 
         def write() -> None:
             for job in jobs_out:
                 self.state.put_job(epoch, job)
+            for job_id in jobs_gone:
+                self.state.delete_job(epoch, job_id)
             for node_id in nodes_gone:
                 self.state.delete_node(epoch, node_id)
             for node in nodes_out:
@@ -256,6 +263,8 @@ class Control:
             self.members.refresh_all(now)  # nobody dies only because the leader changed
             self._restore_standbys(nodes_in)
             self.live_jobs = dict(self.jobs)  # the _reconcile below leaves the released out
+            ended = sorted((j.updated_at, j.job_id) for j in self.jobs.values() if j.finished)
+            self.finished_order = dict.fromkeys(job_id for _, job_id in ended)
             self.groups = {k: (g.primary, g.epoch) for k, g in groups.items()}
             self.lost_groups = {k for k, g in groups.items() if g.lost}
             self.primary_instances = {k: (g.primary, g.instance)
@@ -489,6 +498,8 @@ class Control:
                                 job_id=job.job_id, step=step)  # fmt: skip
         if change is not None:
             self._dirty_jobs.add(job.job_id)
+            if job.finished:
+                self.finished_order[job.job_id] = None
             self._job_event(
                 job, f"job {job.job_id} {change.old.value} -> {change.new.value}: {change.reason}"
             )
@@ -512,6 +523,7 @@ class Control:
                 self._dirty_jobs
                 or self._dirty_nodes
                 or self._forgotten_nodes
+                or self._forgotten_jobs
                 or self._dirty_groups
                 or self.events.has_pending
             ):
@@ -531,6 +543,32 @@ class Control:
         self._forgotten_nodes.update(gone)
         if gone:
             log.info("dead nodes forgotten", count=len(gone), first=gone[:10], after_s=after_s)
+
+    def oldest_finished(self) -> list[str]:
+        """The finished jobs past --keep-finished-jobs, oldest first, that placement has
+        released (one still releasing its trainers waits for a later round)."""
+        excess = len(self.finished_order) - self.settings.keep_finished_jobs
+        out: list[str] = []
+        for job_id in self.finished_order:
+            if len(out) >= excess:
+                break
+            if job_id not in self.live_jobs:
+                out.append(job_id)
+        return out
+
+    def forget_finished(self, forget: list[str], keep: list[str]) -> None:
+        """Drop the records of ``forget`` (from memory here, from the store at the next
+        flush); ``keep`` stay for good and no longer count against the limit (their
+        checkpoints need them). Caller holds the lock."""
+        for job_id in keep:
+            self.finished_order.pop(job_id, None)
+        for job_id in forget:
+            job = self.jobs.get(job_id)
+            if job is None or not job.finished or job_id in self.live_jobs:
+                continue
+            del self.jobs[job_id]
+            self.finished_order.pop(job_id, None)
+            self._forgotten_jobs.add(job_id)
 
     def _node_died(self, node: NodeRecord, why: str) -> None:
         self._dirty_nodes.add(node.node_id)

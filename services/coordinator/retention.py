@@ -1,15 +1,19 @@
-"""Finished jobs' models leave the paramservers: the replicas keep the models of the
-``--keep-finished-models`` jobs that ended last and let the older ones go.
+"""What finished jobs leave behind, bounded: the paramservers keep the models of the
+``--keep-finished-models`` jobs that ended last, the leader the records of the
+``--keep-finished-jobs`` ones (those with checkpoints excepted).
 
 A job's model (weights, optimizer state, version history) stays on every replica of
 its shard groups when the job ends, so that ``stalwart job export`` can pull the final
 weights. Nothing used to drop it afterwards: a cluster running job after job (a sweep)
 grew each replica by a model and its optimizer state per job until one ran out of
-memory, taking the running jobs' primary with it.
+memory, taking the running jobs' primary with it. Job records are small, but a client
+creating and cancelling jobs in a loop grew the leader, its listings and what a new
+leader loads without end.
 
 What each replica holds comes from the leader's polls (``Control.views``), so nothing
 more is stored: a new leader sees the same models and goes on. The decision is the
 two plain functions below; :class:`ModelRetention` carries it out after each poll.
+:class:`JobRetention` forgets records through :meth:`Control.forget_finished`.
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from services.coordinator.control import Control
 from services.coordinator.paramwatch import ReplicaLinks
 from services.coordinator.promotion import ReplicaView
-from stalwart import log
 from stalwart.errors import RpcError, StalwartError
 
+log = structlog.get_logger(__name__)
+
 PERIOD_S = 1.0  # seconds between rounds: nothing waits on a finished job's memory
+JOBS_PER_ROUND = 500  # records looked at per round (each a read of the checkpoint store)
 
 
 @dataclass(frozen=True)
@@ -94,3 +102,45 @@ class ModelRetention:
             else:
                 log.info("finished job's model released", job=d.job_id, replica=d.address,
                          keep=self.keep)  # fmt: skip
+
+
+class JobRetention:
+    """Forgets the records of the finished jobs past ``--keep-finished-jobs``
+    (:meth:`Control.oldest_finished`), except those with checkpoints in the store, kept
+    for good: exporting a checkpoint needs its job's spec, and the store's chunk
+    collection counts only known jobs' checkpoints as references to shared chunks."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    async def round(self) -> None:
+        c = self.control
+        async with c.lock:
+            c.require_leader()
+            candidates = c.oldest_finished()[:JOBS_PER_ROUND]
+        if not candidates:
+            return
+        forget, keep = await self._split(candidates)
+        async with c.lock:
+            c.require_leader()
+            c.forget_finished(forget, keep)
+            await c._flush()
+        if forget:
+            log.info("finished jobs forgotten", count=len(forget), first=forget[:5],
+                     kept_for_checkpoints=len(keep))  # fmt: skip
+
+    async def _split(self, job_ids: list[str]) -> tuple[list[str], list[str]]:
+        """(without checkpoints, with checkpoints); one the store cannot tell about now
+        is in neither, and asked again next round."""
+        checkpoints = self.control.checkpoints
+        if checkpoints is None:
+            return job_ids, []
+        forget, keep = [], []
+        for job_id in job_ids:
+            try:
+                (keep if await checkpoints.list(job_id) else forget).append(job_id)
+            except StalwartError as exc:
+                log.warning("checkpoint store unreadable; job record kept", job=job_id,
+                            error=str(exc))  # fmt: skip
+                break
+        return forget, keep

@@ -90,6 +90,13 @@ class CoordinatorSettings(ServiceSettings):
     (RESOURCE_EXHAUSTED) until one ends. Every live job costs the leader work on each
     tick and each admission, so an unbounded queue would slow its heartbeats."""
 
+    keep_finished_jobs: int = Field(default=10_000, ge=100)
+    """Finished jobs the leader keeps listed (ListJobs, GetJob, the store): those that
+    ended last. Older ones are forgotten, as Kubernetes garbage-collects terminated pods
+    past a threshold, so a client creating and cancelling jobs in a loop cannot grow the
+    leader's memory, its listings and a new leader's load without end. Their checkpoints
+    stay in the checkpoint store."""
+
     keep_finished_models: int = Field(default=8, ge=0)
     """Finished jobs whose models (weights, optimizer state) the paramservers keep for
     `stalwart job export`: those that ended last. Older ones are deleted from every

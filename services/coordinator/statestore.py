@@ -155,6 +155,11 @@ class StateStore:
     def delete_node(self, epoch: int, node_id: str) -> None:
         self._put_or_drop(epoch, f"nodes/{node_id}", None)
 
+    def delete_job(self, epoch: int, job_id: str) -> None:
+        """A forgotten job's record and its checkpoint count (its checkpoints stay)."""
+        self._put_or_drop(epoch, f"jobs/{job_id}", None)
+        self._put_or_drop(epoch, f"checkpoints/{job_id}", None)
+
     def put_group(
         self,
         epoch: int,

@@ -1,0 +1,82 @@
+"""Finished jobs do not pile up: past --keep-finished-jobs the records of those that ended
+first are forgotten, in memory and in the store; a job with checkpoints is kept for good
+(exporting a checkpoint needs its spec), and a successor leader agrees."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.coordinator.retention import JobRetention
+from services.coordinator.settings import CoordinatorSettings
+from stalwart.api import coordinator
+from stalwart.errors import ErrorKind, StalwartError
+from tests.unit.coordinator.leaders import elected
+
+KEEP = 100
+
+
+class _Checkpoints:
+    """What JobRetention asks of services.coordinator.checkpoints.Checkpoints."""
+
+    def __init__(self, with_checkpoints: set[str], unreadable: set[str] = frozenset()):
+        self.with_checkpoints = with_checkpoints
+        self.unreadable = unreadable
+        self.asked: list[str] = []
+
+    async def list(self, job_id: str) -> list[str]:
+        self.asked.append(job_id)
+        if job_id in self.unreadable:
+            raise StalwartError(ErrorKind.UNAVAILABLE, "checkpoint store timed out")
+        return ["a checkpoint"] if job_id in self.with_checkpoints else []
+
+
+def _leader(url: str, epoch: int, checkpoints: _Checkpoints):
+    control = elected(url, epoch)
+    control.settings = CoordinatorSettings(store_url=url, keep_finished_jobs=KEEP)
+    control.checkpoints = checkpoints
+    return control
+
+
+def test_the_first_to_end_are_forgotten_but_not_those_with_checkpoints(tmp_path) -> None:
+    url = f"shm://{tmp_path}/state"
+    control = _leader(url, 1, _Checkpoints({"j-102"}))
+    spec = coordinator.JobSpec(model="mlp", num_slots=1, steps=10, batch_size=1)
+    names = [f"j-{i:03d}" for i in range(KEEP + 5)]
+    for job_id in names:
+        asyncio.run(control.create_job(job_id, spec, ""))
+    asyncio.run(control.create_job("running", spec, ""))
+    for job_id in reversed(names):  # they end newest first: j-104 is the first to end
+        asyncio.run(control.cancel_job(job_id, "done"))
+
+    asyncio.run(JobRetention(control).round())
+    forgotten = {"j-104", "j-103", "j-101", "j-100"}  # the first five to end, but j-102
+    assert set(control.jobs) == set(names) - forgotten | {"running"}
+    assert {j.job_id for j in control.state.jobs()} == set(control.jobs)
+    assert len(control.finished_order) == KEEP  # j-102 no longer counts
+    with_limit_met = list(control.checkpoints.asked)
+    asyncio.run(JobRetention(control).round())
+    assert control.checkpoints.asked == with_limit_met  # nothing over the limit: no reads
+
+    # a new leader loads what is left; it asks about j-102 once more and keeps it
+    successor = _leader(url, 2, _Checkpoints({"j-102"}))
+    assert set(successor.jobs) == set(control.jobs)
+    asyncio.run(JobRetention(successor).round())
+    assert set(successor.jobs) == set(control.jobs)
+    assert successor.checkpoints.asked == ["j-102"]
+
+
+def test_a_job_the_checkpoint_store_cannot_answer_for_is_kept_and_asked_again(
+    tmp_path,
+) -> None:
+    url = f"shm://{tmp_path}/state"
+    control = _leader(url, 1, _Checkpoints(set(), unreadable={"j-001"}))
+    spec = coordinator.JobSpec(model="mlp", num_slots=1, steps=10, batch_size=1)
+    names = [f"j-{i:03d}" for i in range(KEEP + 3)]
+    for job_id in names:
+        asyncio.run(control.create_job(job_id, spec, ""))
+        asyncio.run(control.cancel_job(job_id, "done"))
+    asyncio.run(JobRetention(control).round())
+    assert set(names) - set(control.jobs) == {"j-000"}  # stopped at j-001
+    control.checkpoints.unreadable = set()
+    asyncio.run(JobRetention(control).round())
+    assert set(names) - set(control.jobs) == {"j-000", "j-001", "j-002"}
