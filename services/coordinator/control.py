@@ -500,6 +500,8 @@ class Control:
             self._dirty_jobs.add(job.job_id)
             if job.finished:
                 self.finished_order[job.job_id] = None
+                if self.sdc is not None:  # its batches are never checked again
+                    self.sdc.checks.forget_job(job.job_id)
             self._job_event(
                 job, f"job {job.job_id} {change.old.value} -> {change.new.value}: {change.reason}"
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from services.coordinator.retention import JobRetention
+from services.coordinator.sdcguard import SdcGuard
 from services.coordinator.settings import CoordinatorSettings
 from stalwart.api import coordinator
 from stalwart.errors import ErrorKind, StalwartError
@@ -80,3 +81,18 @@ def test_a_job_the_checkpoint_store_cannot_answer_for_is_kept_and_asked_again(
     control.checkpoints.unreadable = set()
     asyncio.run(JobRetention(control).round())
     assert set(names) - set(control.jobs) == {"j-000", "j-001", "j-002"}
+
+
+def test_a_finished_jobs_gradient_checks_are_dropped_and_nobody_is_asked_about_them(
+    tmp_path,
+) -> None:
+    control = elected(f"shm://{tmp_path}/state", 1)
+    control.sdc = SdcGuard(control, verifier_timeout_s=10.0)
+    spec = coordinator.JobSpec(model="mlp", num_slots=1, steps=10, batch_size=1)
+    for job_id in ("ended", "running"):
+        asyncio.run(control.create_job(job_id, spec, ""))
+        control.sdc.checks.holder_report((job_id, 3, 0), "t1", 123, ["t2"], now=0.0)
+    assert [k[0] for k in control.sdc.checks.asked_of("t2")] == ["ended", "running"]
+    asyncio.run(control.cancel_job("ended", "done"))
+    assert [k[0] for k in control.sdc.checks.asked_of("t2")] == ["running"]
+    assert [k[0] for k in control.sdc.checks.checks] == ["running"]
