@@ -12,8 +12,8 @@ leader loads without end.
 
 What each replica holds comes from the leader's polls (``Control.views``), so nothing
 more is stored: a new leader sees the same models and goes on. The decision is the
-two plain functions below; :class:`ModelRetention` carries it out after each poll.
-:class:`JobRetention` forgets records through :meth:`Control.forget_finished`.
+two plain functions below; :class:`ModelRetention` carries it out about once a
+second. :class:`JobRetention` forgets records through :meth:`Control.forget_finished`.
 """
 
 from __future__ import annotations
