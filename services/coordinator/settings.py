@@ -94,8 +94,8 @@ class CoordinatorSettings(ServiceSettings):
     """Finished jobs the leader keeps listed (ListJobs, GetJob, the store): those that
     ended last. Older ones are forgotten, as Kubernetes garbage-collects terminated pods
     past a threshold, so a client creating and cancelling jobs in a loop cannot grow the
-    leader's memory, its listings and a new leader's load without end. Their checkpoints
-    stay in the checkpoint store."""
+    leader's memory, its listings and a new leader's load without end. A finished job
+    with checkpoints in the store is never forgotten: exporting one reads its spec."""
 
     keep_finished_models: int = Field(default=8, ge=0)
     """Finished jobs whose models (weights, optimizer state) the paramservers keep for
