@@ -29,6 +29,7 @@ import numpy as np
 from services.health import rules
 from services.health.online import DEFAULT_DETECTOR, FleetForest
 from services.health.window import NodeWindow, Sample
+from stalwart.errors import ErrorKind, StalwartError
 
 ANOMALY = "anomaly"
 PREDICTED_FAILURE = "predicted_failure"
@@ -94,8 +95,12 @@ class AlertDraft:
     drain: bool
 
 
-class FleetFull(Exception):
-    """A sample from a new node while ``max_nodes`` nodes have all been heard from lately."""
+class FleetFull(StalwartError):
+    """A sample (or a corruption report) about a new node past ``max_nodes``: refused as
+    RESOURCE_EXHAUSTED [LIMIT_EXCEEDED]."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.LIMIT_EXCEEDED, message)
 
 
 class Fleet:

@@ -101,9 +101,9 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
     def ingest(self, sample, now: float) -> None:
         try:
             _, drafts = self.fleet.observe(sample.node_id, now, sample.step, dict(sample.metrics))
-        except FleetFull as full:
+        except FleetFull:
             SAMPLES.labels("rejected").inc()
-            raise StalwartError(ErrorKind.LIMIT_EXCEEDED, str(full)) from None
+            raise
         finally:
             self._drop_series(self.fleet.forgotten)
         SAMPLES.labels("accepted").inc()
@@ -161,10 +161,7 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
         now = time.time()
         kind = request.kind or health.ALERT_KIND_DATA_CORRUPTION
         if kind == health.ALERT_KIND_DATA_CORRUPTION:
-            try:
-                self.fleet.report_corruption(request.node_id, request.message, now)
-            except FleetFull as full:
-                raise StalwartError(ErrorKind.LIMIT_EXCEEDED, str(full)) from None
+            self.fleet.report_corruption(request.node_id, request.message, now)
         alert = self._publish(kind, request.node_id, 1.0, request.message, request.drain, now)
         return health.RaiseAlertResponse(alert=alert)
 
