@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,7 +53,6 @@ RECOVERIES_KEY = "recoveries"
 # MAX_KEY_CHARS): 181, set by "<prefix>/coordinator/leader".
 MAX_PREFIX_CHARS = MAX_KEY_CHARS - 1 - max(map(len, (LEASE_NAME, EPOCH_KEY, RECOVERIES_KEY)))
 REQUEST_RETENTION_S = 24 * 3600.0  # how long a request id's answer is kept for retries
-TRIM_EVERY = 100  # request-id writes between two sweeps of expired ones
 
 
 class Fenced(Exception):
@@ -108,7 +108,10 @@ class StateStore:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.retention_s = retention_s
         self.clock = clock  # wall clock: the stamps outlive this process
-        self._writes_since_trim = 0
+        # (stamp, key) of every held request id in the order written, so expiring them
+        # pops from the front instead of listing them all; listed once per epoch.
+        self._request_ids: deque[tuple[float, str]] = deque()
+        self._request_ids_epoch: int | None = None
         self._events_kept_above: int | None = None  # events at or below it are deleted
 
     def key(self, name: str) -> str:
@@ -224,12 +227,10 @@ class StateStore:
 
     def _remember_once(self, epoch: int, name: str, value: bytes) -> bytes:
         self.check(epoch)
-        self._writes_since_trim += 1
-        if self._writes_since_trim >= TRIM_EVERY:
-            self._writes_since_trim = 0
-            self.trim_request_ids()
-        key = self.key(name)
-        if self.store.kv_cas(key, None, _stamp(self.clock(), value)):
+        self.trim_request_ids(epoch)
+        key, now = self.key(name), self.clock()
+        if self.store.kv_cas(key, None, _stamp(now, value)):
+            self._request_ids.append((now, key))
             return value
         return self._recall(name) or value
 
@@ -237,16 +238,31 @@ class StateStore:
         raw = self.store.kv_get(self.key(name))
         return None if raw is None else _unstamp(raw)[1]
 
-    def trim_request_ids(self) -> int:
+    def trim_request_ids(self, epoch: int) -> int:
         """Delete request ids (and their answers) older than the retention; returns how
-        many. A retry after that runs again, as with any idempotency-key service."""
+        many. A retry after that runs again, as with any idempotency-key service.
+
+        The first call under an epoch lists every held id (other leaders wrote some);
+        after that only the ones this leader wrote are added, in order, so a call costs
+        what it deletes, not what is held: listing them all on every few writes made
+        the leader spend half its time listing once 20,000 jobs had come and gone."""
+        if self._request_ids_epoch != epoch:
+            self._request_ids = deque(sorted(self._listed_request_ids()))
+            self._request_ids_epoch = epoch
         cutoff = self.clock() - self.retention_s
         deleted = 0
-        for prefix in ("requests/", "answers/"):
-            for key, raw in self.store.kv_list(self.key(prefix)).items():
-                if _unstamp(raw)[0] < cutoff and self.store.kv_delete(key):
-                    deleted += 1
+        # A wall clock stepped back leaves an id behind a younger one: it then goes
+        # when that one does, late but not lost.
+        while self._request_ids and self._request_ids[0][0] < cutoff:
+            deleted += self.store.kv_delete(self._request_ids.popleft()[1])
         return deleted
+
+    def _listed_request_ids(self) -> list[tuple[float, str]]:
+        return [
+            (_unstamp(raw)[0], key)
+            for prefix in ("requests/", "answers/")
+            for key, raw in self.store.kv_list(self.key(prefix)).items()
+        ]
 
     def append_events(self, epoch: int, events: list[common.Event], keep: int) -> None:
         self.check(epoch)

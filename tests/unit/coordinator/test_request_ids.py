@@ -109,25 +109,50 @@ def test_request_ids_are_honoured_within_the_retention_and_deleted_after_it(tmp_
     assert state.put_request(1, "create-a", "job-other") == "job-a"  # the first one stays
     assert state.put_answer(1, "Drain/r1", b"node-7\nwith a newline") == b"node-7\nwith a newline"
     now[0] += 30.0
-    assert state.trim_request_ids() == 0
+    assert state.trim_request_ids(1) == 0
     assert state.request_job("create-a") == "job-a"
     assert state.answer("Drain/r1") == b"node-7\nwith a newline"
     state.put_answer(1, "Drain/r2", b"node-8")  # younger: survives the next sweep
     now[0] += 31.0
-    assert state.trim_request_ids() == 2
+    assert state.trim_request_ids(1) == 2
     assert state.request_job("create-a") is None
     assert state.answer("Drain/r1") is None
     assert state.answer("Drain/r2") == b"node-8"
 
 
-def test_request_id_writes_sweep_expired_ones_now_and_then(tmp_path):
+def test_request_id_writes_expire_old_ones_listing_them_once_per_epoch(tmp_path):
     now = [0.0]
-    state = StateStore(open_store(f"shm://{tmp_path}/state"), "t", retention_s=10.0,
-                       clock=lambda: now[0])  # fmt: skip
-    state.take_over(1)
-    state.put_answer(1, "old", b"x")
-    now[0] = 100.0
-    for i in range(200):  # enough writes for at least one sweep
-        state.put_answer(1, f"new-{i}", b"y")
-    assert state.answer("old") is None
-    assert state.answer("new-199") == b"y"
+    url = f"shm://{tmp_path}/state"
+    before = StateStore(open_store(url), "t", retention_s=10.0, clock=lambda: now[0])
+    before.take_over(1)
+    before.put_answer(1, "by-the-last-leader", b"x")
+    store = _CountingLists(open_store(url))
+    state = StateStore(store, "t", retention_s=10.0, clock=lambda: now[0])
+    state.take_over(2)
+    now[0] = 5.0
+    state.put_answer(2, "mine", b"y")
+    now[0] = 16.0  # both older than 10 s now
+    for i in range(200):
+        state.put_answer(2, f"new-{i}", b"z")
+    assert state.answer("by-the-last-leader") is None  # found by the epoch's one listing
+    assert state.answer("mine") is None  # expired from what this leader wrote
+    assert state.answer("new-199") == b"z"
+    assert store.lists == 2  # requests/ and answers/, once, not once per write
+    state.take_over(3)
+    state.put_answer(3, "after", b"w")
+    assert store.lists == 4  # a new epoch lists again: other leaders may have written
+
+
+class _CountingLists:
+    """A real store that counts its kv_list calls."""
+
+    def __init__(self, store):
+        self._store = store
+        self.lists = 0
+
+    def kv_list(self, prefix):
+        self.lists += 1
+        return self._store.kv_list(prefix)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
