@@ -30,7 +30,7 @@ from services.coordinator.leader import LeaderState
 from services.coordinator.membership import Membership, NodeRecord, NodeState, UnknownNode
 from services.coordinator.promotion import ReplicaView
 from services.coordinator.settings import CoordinatorSettings
-from services.coordinator.statestore import Fenced, StateStore
+from services.coordinator.statestore import Fenced, RequestRecord, StateStore
 from stalwart.api import common
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -418,9 +418,11 @@ class Control:
             self.require_leader()
             if request_id:
                 earlier = await self.io(self.state.request_job, request_id)
-                if earlier in self.jobs:
-                    return self.jobs[earlier]  # a retry: the same job
-                job_id = earlier or job_id
+                if earlier is not None:
+                    if earlier.job_id in self.jobs:
+                        return self.jobs[earlier.job_id]  # a retry: the same job
+                    _refuse_forgotten(request_id, earlier)
+                    job_id = earlier.job_id  # its record was never stored: admit it now
             job_id = job_id or f"job-{uuid.uuid4().hex[:10]}"
             if job_id in self.jobs:
                 raise StalwartError(
@@ -441,6 +443,8 @@ class Control:
             )
             self._reconcile(now)
             await self._flush()
+            if request_id:
+                await self.io(self.state.request_admitted, self.epoch, request_id, job_id)
             return job
 
     def _check_room_for_a_job(self) -> None:
@@ -613,6 +617,18 @@ class Control:
         elif isinstance(a, placement.AttachStandby):
             self.events.add(EV.EVENT_KIND_SLOT_ASSIGNED, f"{a.node_id} is a warm standby of {a.job_id}",
                             job_id=a.job_id, node_id=a.node_id, slot=-1)  # fmt: skip
+
+
+def _refuse_forgotten(request_id: str, earlier: RequestRecord) -> None:
+    """A retried CreateJob whose job ended and was forgotten since: admitting it again
+    would run a finished job twice."""
+    if earlier.admitted:
+        raise StalwartError(
+            ErrorKind.ALREADY_EXISTS,
+            f"request {request_id!r} admitted job {earlier.job_id!r}, which has ended and "
+            "whose record is no longer kept (--keep-finished-jobs); a new job needs a new "
+            "request id",
+        )
 
 
 def _still_live(job: jobs.Job) -> bool:

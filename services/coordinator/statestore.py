@@ -14,7 +14,8 @@ Keys (under an optional prefix, so several clusters can share one store):
     checkpoints/<job_id>    JSON: how many checkpoints the job has taken (tiering)
     usererrors/<job_id>     JSON: the job's counts of user-code error reports
                             (taskerrors.TaskErrors.entries), while it is active
-    requests/<hash>         job id admitted for a CreateJob request id
+    requests/<hash>         job id admitted for a CreateJob request id, then
+                            "\nadmitted" once the job's record is stored
     answers/<hash>          what another mutating call answered for its request id
                             (a job, node or checkpoint id, an epoch): a retry gets it
                             (both prefixed "<unix seconds>\n" and deleted once older
@@ -53,6 +54,7 @@ RECOVERIES_KEY = "recoveries"
 # MAX_KEY_CHARS): 181, set by "<prefix>/coordinator/leader".
 MAX_PREFIX_CHARS = MAX_KEY_CHARS - 1 - max(map(len, (LEASE_NAME, EPOCH_KEY, RECOVERIES_KEY)))
 REQUEST_RETENTION_S = 24 * 3600.0  # how long a request id's answer is kept for retries
+ADMITTED = b"\nadmitted"  # ends a request's job id once the job's record is stored
 
 
 class Fenced(Exception):
@@ -94,6 +96,14 @@ class GroupRecord:
     epoch: int
     lost: bool = False  # every replica gone; a restore is pending
     instance: str = ""  # the primary's process (GetReplicaStatus.instance), once polled
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What a CreateJob request id is remembered with (``requests/<hash>``)."""
+
+    job_id: str
+    admitted: bool  # the job's record was stored (request_admitted)
 
 
 class StateStore:
@@ -213,9 +223,18 @@ class StateStore:
             self.store.kv_put(self.key(name), value)
 
     def put_request(self, epoch: int, request_id: str, job_id: str) -> str:
-        """Remember which job a request admitted; returns the job id stored first."""
+        """Remember which job a request admits, before its record is stored; returns
+        the job id stored first."""
         stored = self._remember_once(epoch, f"requests/{_hash(request_id)}", job_id.encode())
-        return stored.decode()
+        return stored.removesuffix(ADMITTED).decode()
+
+    def request_admitted(self, epoch: int, request_id: str, job_id: str) -> None:
+        """Mark the request's job as stored. A retry that finds no such job then knows
+        it was forgotten (--keep-finished-jobs) rather than lost to a crash between
+        the two writes, and must not admit it again."""
+        self.check(epoch)
+        value = _stamp(self.clock(), job_id.encode() + ADMITTED)
+        self.store.kv_put(self.key(f"requests/{_hash(request_id)}"), value)
 
     def put_answer(self, epoch: int, key: str, value: bytes) -> bytes:
         """Remember what the call ``key`` (method and request id) answered; returns the
@@ -286,9 +305,11 @@ class StateStore:
 
     # --- reads ---------------------------------------------------------------------
 
-    def request_job(self, request_id: str) -> str | None:
+    def request_job(self, request_id: str) -> RequestRecord | None:
         raw = self._recall(f"requests/{_hash(request_id)}")
-        return raw.decode() if raw else None
+        if not raw:
+            return None
+        return RequestRecord(raw.removesuffix(ADMITTED).decode(), raw.endswith(ADMITTED))
 
     def jobs(self) -> list[coordinator.Job]:
         return [_parse(coordinator.Job, v) for v in self.store.kv_list(self.key("jobs/")).values()]

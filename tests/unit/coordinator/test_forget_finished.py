@@ -96,3 +96,45 @@ def test_a_finished_jobs_gradient_checks_are_dropped_and_nobody_is_asked_about_t
     asyncio.run(control.cancel_job("ended", "done"))
     assert [k[0] for k in control.sdc.checks.asked_of("t2")] == ["running"]
     assert [k[0] for k in control.sdc.checks.checks] == ["running"]
+
+
+def test_a_create_retried_after_its_job_was_forgotten_is_refused_not_run_again(
+    tmp_path,
+) -> None:
+    url = f"shm://{tmp_path}/state"
+    control = _leader(url, 1, _Checkpoints(set()))
+    spec = coordinator.JobSpec(model="mlp", num_slots=1, steps=10, batch_size=1)
+    first = asyncio.run(control.create_job("", spec, "create-first"))
+    asyncio.run(control.cancel_job(first.job_id, "done"))
+    for i in range(KEEP):
+        asyncio.run(control.create_job(f"j-{i:03d}", spec, f"create-{i}"))
+        asyncio.run(control.cancel_job(f"j-{i:03d}", "done"))
+    assert asyncio.run(control.create_job("", spec, "create-0")).job_id == "j-000"  # kept
+    asyncio.run(JobRetention(control).round())
+    assert first.job_id not in control.jobs
+
+    _assert_refused(control, spec, "create-first", first.job_id)
+    _assert_refused(_leader(url, 2, _Checkpoints(set())), spec, "create-first", first.job_id)
+
+
+def _assert_refused(leader, spec, request_id: str, job_id: str) -> None:
+    try:
+        asyncio.run(leader.create_job("", spec, request_id))
+    except StalwartError as err:
+        assert err.kind is ErrorKind.ALREADY_EXISTS
+        assert job_id in err.message and "--keep-finished-jobs" in err.message
+    else:
+        raise AssertionError("a forgotten job was admitted again")
+    assert job_id not in leader.jobs
+
+
+def test_a_create_whose_record_was_never_stored_is_admitted_on_retry(tmp_path) -> None:
+    url = f"shm://{tmp_path}/state"
+    control = _leader(url, 1, _Checkpoints(set()))
+    spec = coordinator.JobSpec(model="mlp", num_slots=1, steps=10, batch_size=1)
+    # the leader stored the request's job id, then died before the job's record
+    assert control.state.put_request(control.epoch, "create-lost", "job-lost") == "job-lost"
+    successor = _leader(url, 2, _Checkpoints(set()))
+    job = asyncio.run(successor.create_job("", spec, "create-lost"))
+    assert job.job_id == "job-lost" and "job-lost" in successor.jobs
+    assert successor.state.request_job("create-lost").admitted

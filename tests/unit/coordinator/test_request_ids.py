@@ -110,7 +110,7 @@ def test_request_ids_are_honoured_within_the_retention_and_deleted_after_it(tmp_
     assert state.put_answer(1, "Drain/r1", b"node-7\nwith a newline") == b"node-7\nwith a newline"
     now[0] += 30.0
     assert state.trim_request_ids(1) == 0
-    assert state.request_job("create-a") == "job-a"
+    assert state.request_job("create-a").job_id == "job-a"
     assert state.answer("Drain/r1") == b"node-7\nwith a newline"
     state.put_answer(1, "Drain/r2", b"node-8")  # younger: survives the next sweep
     now[0] += 31.0
