@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from stalwart import jobspec, paging
@@ -71,3 +73,23 @@ def test_pages_cover_everything_once_even_with_inserts():
 def test_bad_token():
     with pytest.raises(StalwartError):
         paging.page([1], lambda i: [i], 10, "not-base64!!")
+
+
+def test_pages_are_the_full_sort_cut_in_pages():
+    rng = random.Random(7)
+    items = [(rng.randrange(30), f"id-{n:03d}") for n in range(500)]  # keys end unique
+    seen, token = [], ""
+    while True:
+        chunk, token = paging.page(items, lambda i: [-i[0], i[1]], 37, token)
+        assert len(chunk) == 37 or not token
+        seen += chunk
+        if not token:
+            break
+    assert seen == sorted(items, key=lambda i: (-i[0], i[1]))
+
+
+def test_a_token_of_another_shape_is_refused():
+    token = paging.encode(["not a number"])
+    with pytest.raises(StalwartError) as err:
+        paging.page([1, 2], lambda i: [i], 10, token)
+    assert err.value.kind is ErrorKind.INVALID_ARGUMENT
