@@ -9,21 +9,21 @@ and reconnects with ``after_sequence``, replaying what it missed.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from services.coordinator.convert import timestamp
-from stalwart import limits
 from stalwart.api import common
+from stalwart.fanout import Fanout
 
 QUEUE_LIMIT = 10_000
 
 
-class EventLog:
+class EventLog(Fanout[common.Event]):
     def __init__(self) -> None:
+        # each watcher holds a call and up to QUEUE_LIMIT events
+        super().__init__("event", QUEUE_LIMIT, "close one first")
         self.last_sequence = 0
         self._pending: list[common.Event] = []
-        self._watchers: set[asyncio.Queue] = set()
 
     def reset(self, last_sequence: int) -> None:
         self.last_sequence = last_sequence
@@ -56,35 +56,3 @@ class EventLog:
     def take_pending(self) -> list[common.Event]:
         pending, self._pending = self._pending, []
         return pending
-
-    def publish(self, events: list[common.Event]) -> None:
-        """Hand persisted events to live watchers."""
-        for queue in list(self._watchers):
-            for event in events:
-                if queue.full():
-                    self._end(queue)  # it reconnects and replays from the store
-                    break
-                queue.put_nowait(event)
-
-    def subscribe(self) -> asyncio.Queue:
-        # each holds a call and up to QUEUE_LIMIT events: unbounded, they would
-        # exhaust the leader's memory
-        limits.check_watchers("event", len(self._watchers), "close one first")
-        queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
-        self._watchers.add(queue)
-        return queue
-
-    def unsubscribe(self, queue: asyncio.Queue) -> None:
-        self._watchers.discard(queue)
-
-    def close_all(self) -> None:
-        """Leadership ended: wake every watcher with a None so it ends its stream."""
-        for queue in list(self._watchers):
-            self._end(queue)
-
-    def _end(self, queue: asyncio.Queue) -> None:
-        """Make the watcher's stream end: a None after what it has (room made if full)."""
-        self._watchers.discard(queue)
-        if queue.full():
-            queue.get_nowait()
-        queue.put_nowait(None)

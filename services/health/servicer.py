@@ -42,7 +42,6 @@ KINDS = {
     "straggler": health.ALERT_KIND_STRAGGLER,
 }
 KIND_NAMES = {v: k for k, v in KINDS.items()}
-WATCH_POLL_S = 1.0  # a watch stream notices being cut off at least this often
 
 
 def _ts(seconds: float) -> Timestamp:
@@ -147,7 +146,7 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
             DRAIN_REQUESTS.inc()
         log.warning("alert", kind=KIND_NAMES[kind], node=node_id, risk=round(risk, 3),
                     drain=drain, message=message)  # fmt: skip
-        self.alerts.publish(alert)
+        self.alerts.add(alert)
         return alert
 
     @rpc_handler
@@ -193,17 +192,10 @@ class HealthServicer(health_grpc.HealthMonitorServiceServicer):
     async def WatchAlerts(self, request, context):
         queue = self.alerts.subscribe()
         try:
-            while True:
-                try:
-                    alert = await asyncio.wait_for(queue.get(), WATCH_POLL_S)
-                except TimeoutError:
-                    if self.alerts.cut_off(queue) and queue.empty():
-                        raise StalwartError(
-                            ErrorKind.UNAVAILABLE, "watcher fell behind: list and watch again"
-                        ) from None
-                    continue
+            while (alert := await queue.get()) is not None:
                 if alert.risk >= request.min_risk:
                     yield health.WatchAlertsResponse(alert=alert)
+            raise StalwartError(ErrorKind.UNAVAILABLE, "watcher fell behind: list and watch again")
         finally:
             self.alerts.unsubscribe(queue)
 
