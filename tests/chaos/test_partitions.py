@@ -23,7 +23,7 @@ from tests.helpers import PRELOAD
 from tests.integration.cluster.support import assert_bitwise_equal, reference, small_spec
 
 STEPS = 200
-STEP_DELAY = "delay_s=0.05"  # as in test_schedules: the job outlasts the outage
+STEP_DELAY = "delay_s=0.05"  # so the job outlasts the outage (see test_schedules)
 OUTAGE_S = 5.0  # longer than the coordinator's 3 s floor for declaring a node dead
 AT_STEP = 40
 CONFIG = dict(trainers=2, standbys=1, backups=1, spares=1, coordinators=2)
