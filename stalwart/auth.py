@@ -74,6 +74,7 @@ METHOD_ROLES: Mapping[str, Role] = {
     # Parameter server
     _P + "RegisterModel": Role.NODE,
     _P + "Push": Role.NODE,
+    _P + "PushStream": Role.NODE,
     _P + "Pull": Role.NODE,
     _P + "GetFingerprint": Role.VIEWER,
     _P + "GetReplicaStatus": Role.VIEWER,

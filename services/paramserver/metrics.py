@@ -134,9 +134,9 @@ def counted_push(handler: Callable) -> Callable:
     ``@rpc_handler``; it returns a tuple whose last item is the ``PushResponse``)."""
 
     @functools.wraps(handler)
-    async def wrapper(self, request_iterator, context):
+    async def wrapper(self, request_iterator, context, *rest):
         try:
-            result = await handler(self, request_iterator, context)
+            result = await handler(self, request_iterator, context, *rest)
         except Exception as exc:
             PUSHES.labels("rejected").inc()
             if isinstance(exc, StalwartError) and exc.kind in _CORRUPTION:

@@ -44,11 +44,16 @@ async def header(request_iterator, field_name: str):
 
 
 async def tensors(
-    request_iterator, specs, limits, on_chunk=None, packed: bool = False
-) -> codec.ChunkAssembler:
+    request_iterator, specs, limits, on_chunk=None, packed: bool = False,
+    until_complete: bool = False,
+) -> codec.ChunkAssembler:  # fmt: skip
     """Assemble the chunks; ``on_chunk(chunk, placed)`` sees each one once it checked
-    out, ``placed`` being its bytes (see ``ChunkAssembler.add``)."""
+    out, ``placed`` being its bytes (see ``ChunkAssembler.add``). ``until_complete``:
+    stop reading once every byte arrived, for a stream that goes on with other
+    requests (PushStream); else read to the stream's end."""
     assembler = codec.ChunkAssembler(specs, limits, packed)
+    if until_complete and assembler.complete:
+        return assembler
     async for message in request_iterator:
         chunk = codec.chunk_of(message)
         if chunk is None:
@@ -56,5 +61,7 @@ async def tensors(
         placed = assembler.add(chunk)
         if on_chunk is not None:
             await on_chunk(chunk, placed)
+        if until_complete and assembler.complete:
+            return assembler
     await stream_ended(assembler.complete)
     return assembler

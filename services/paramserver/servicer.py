@@ -6,6 +6,7 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -69,6 +70,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         # Drawn once per process: the coordinator tells a restarted replica by it.
         self.instance = uuid.uuid4().hex
         self.backup_side = BackupSide(self.host, self.histories, self._from_primary, self.instance)
+        self.push_streams = _PushStreams()
 
     # the host's parts, as the launcher and the metrics read them
     replica = property(lambda self: self.host.replica)
@@ -167,19 +169,41 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     @drain_on_refusal
     async def Push(self, request_iterator, context):
-        job, header, response = await self._push(request_iterator, context)
-        if header.answer_parameters_bytes:
-            limit = min(
-                header.answer_parameters_bytes, self.chunk_bytes + codec.PUSH_ANSWER_SLACK_BYTES
-            )
-            return await phases.timed(
-                "answer", self._with_parameters(job, header.base_version, limit, response)
-            )
-        return response
+        return await self._answer(*await self._push(request_iterator, context))
+
+    @rpc_handler
+    async def PushStream(self, request_iterator, context):
+        """Pushes one after another on one call, each answered before the next is read.
+        A refusal ends the call with its status (no drain: the client sends one push
+        at a time, and retries a refused one as a Push, which gets the same answer)."""
+        with self.push_streams.track(context) as stream:
+            while not stream.closing:
+                first = await stream.next_message()  # aborted here at shutdown
+                if first is grpc.aio.EOF:
+                    return
+                push = _OnePush(first, context)
+                answer = await self._answer(*await self._push(push, context, True))
+                # PushStreamResponse is laid out as PushResponse: its bytes go as they are
+                await context.write(
+                    answer if isinstance(answer, bytes) else answer.SerializeToString()
+                )
+
+    async def _answer(self, job: JobRuntime, header, response):
+        """``response``, carrying the parameters too when the header asks for them."""
+        if not header.answer_parameters_bytes:
+            return response
+        limit = min(
+            header.answer_parameters_bytes, self.chunk_bytes + codec.PUSH_ANSWER_SLACK_BYTES
+        )
+        return await phases.timed(
+            "answer", self._with_parameters(job, header.base_version, limit, response)
+        )
 
     @metrics.counted_push
-    async def _push(self, request_iterator, context):
-        """Read, forward and admit one push: (its job, its header, the answer)."""
+    async def _push(self, request_iterator, context, one_of_many: bool = False):
+        """Read, forward and admit one push: (its job, its header, the answer).
+        ``one_of_many``: more pushes follow on the stream, so reading stops at this
+        one's last chunk instead of at the end of the stream."""
         header = await reading.header(request_iterator, "push header")
         received = time.perf_counter()
         self._client(header.epoch)
@@ -210,7 +234,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             # sync): no chunk message is rebuilt and no empty write awaited per chunk
             assembler = await reading.tensors(
                 request_iterator, header.tensors, self.limits, forward if forwards else None,
-                header.packed,
+                header.packed, until_complete=one_of_many,
             )  # fmt: skip
             grads = assembler.finish()
             await _off_loop(check_finite, grads, nbytes=tensor_bytes(grads.values()))
@@ -554,6 +578,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         await self.backup_side.serve_stream(request_iterator, context)
 
     async def close_streams(self) -> None:
+        await self.push_streams.close()
         await self.backup_side.close_streams()
 
     @drain_on_refusal
@@ -585,8 +610,75 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                         job.committed.notify_all()  # pulls wait for durable state
 
 
-# Calls whose request stream is a header and then chunks.
-_CHUNK_STREAMS = ("RegisterModel", "Push", "ReplicatePush", "InstallState")
+class _PushStream:
+    """One PushStream call being served: ``closing`` once shutdown began."""
+
+    def __init__(self, context, closing: bool):
+        self.context = context
+        self.closing = closing
+        self.waiting = False  # for the next push's header, between pushes
+
+    async def next_message(self):
+        self.waiting = True
+        try:
+            return await self.context.read()
+        finally:
+            self.waiting = False
+
+
+class _PushStreams:
+    """The PushStream calls being served. At shutdown each ends: at once, UNAVAILABLE,
+    when it waits between pushes, else once its push is answered (within the grace).
+    Open, they would hold the server's stop for its whole grace."""
+
+    def __init__(self) -> None:
+        self._open: set[_PushStream] = set()
+        self._closing = False
+
+    @contextlib.contextmanager
+    def track(self, context):
+        stream = _PushStream(context, self._closing)
+        self._open.add(stream)
+        try:
+            yield stream
+        finally:
+            self._open.discard(stream)
+
+    async def close(self) -> None:
+        self._closing = True
+        status = StalwartError(ErrorKind.UNAVAILABLE, "the replica is shutting down").to_status()
+        for stream in list(self._open):
+            stream.closing = True
+            if stream.waiting:
+                # ends the call with this status; its handler's read raises AbortError
+                with contextlib.suppress(grpc.aio.AbortError):
+                    await stream.context.abort_with_status(status)
+
+
+class _OnePush:
+    """One push's messages on a PushStream: ``first`` (its header), then what the
+    call reads next, until the reader stops asking (at the push's last chunk)."""
+
+    def __init__(self, first, context):
+        self._first = first
+        self._context = context
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        message = await self._context.read()
+        if message is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return message
+
+
+# Calls whose request stream is a header and then chunks (PushStream: one such run
+# after another).
+_CHUNK_STREAMS = ("RegisterModel", "Push", "PushStream", "ReplicatePush", "InstallState")
 
 
 def add_to_server(servicer: ParamServer, server) -> None:
@@ -613,7 +705,7 @@ def add_to_server(servicer: ParamServer, server) -> None:
     capture = _Capture()
     paramserver_grpc.add_ParamServerServiceServicer_to_server(servicer, capture)
     handlers = capture.handlers
-    for name in ("Pull", "Push"):  # Push: an answer carrying parameters (push_answer)
+    for name in ("Pull", "Push", "PushStream"):  # pushes: answers carrying parameters
         handler = handlers[name]
         handlers[name] = handler._replace(
             response_serializer=codec.passthrough(handler.response_serializer)

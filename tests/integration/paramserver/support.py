@@ -165,6 +165,13 @@ def push_messages(
     ]
 
 
+def stream_messages(
+    messages: Sequence[paramserver.PushRequest],
+) -> list[paramserver.PushStreamRequest]:
+    """The same push as PushStream messages (laid out alike)."""
+    return [paramserver.PushStreamRequest.FromString(m.SerializeToString()) for m in messages]
+
+
 async def push_raw(stub: Stub, messages: Sequence[paramserver.PushRequest]):
     return await call(stub.Push(iter(messages), timeout=TIMEOUT_S))
 

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import time
 
+import grpc
 import pytest
 import torch
 
@@ -23,6 +24,7 @@ from tests.integration.paramserver.support import (
     register_raw,
     sgd,
     signal_group,
+    stream_messages,
     stubs,
 )
 
@@ -90,3 +92,54 @@ async def test_push_in_flight_at_sigterm_is_finished_and_replicated(launcher) ->
         assert held.version == 1  # ... and held by the backup, as acknowledged work must be
     assert await asyncio.to_thread(primary.popen.wait, GRACE_S) == 0
     assert '"stopped"' in primary.log_path.read_text()
+
+
+async def test_push_streams_end_at_sigterm_and_the_push_on_one_is_finished(launcher) -> None:
+    """A PushStream waiting between pushes ends at once at SIGTERM; one with a push in
+    flight ends once that push is acknowledged and replicated. Open, either would
+    hold the replica's exit for its whole grace (set far longer than the test here)."""
+    backup = launcher.start("b", "--role", "backup")
+    primary = launcher.start("p", "--backups", backup.address, "--grace-seconds", "3600")
+    job = "shutdown-streams"
+    params = {"w": torch.arange(6, dtype=torch.float32)}
+    header = model_header(job, params, sgd(0.5), consistency("async"), num_slots=2)
+    async with stubs() as stub_for:
+        stub = stub_for(primary.address)
+        await register_raw(stub, header, params)
+        idle, busy = stub.PushStream(), stub.PushStream()
+        for message in stream_messages(push_messages(job, 0, 0, {"w": torch.ones(6)})):
+            await idle.write(message)
+        assert (await idle.read()).version == 1  # answered; the call stays open, idle
+        signal_group(backup, signal.SIGSTOP)  # the next push waits for its commit
+        try:
+            started = _phase_count(primary, "receive")
+            pushed = push_messages(job, 0, 1, {"w": torch.ones(6)}, base_version=1)
+            for message in stream_messages(pushed):
+                await busy.write(message)
+            await asyncio.to_thread(
+                assert_eventually, lambda: _phase_count(primary, "receive") > started,
+                timeout=GRACE_S,
+            )  # fmt: skip
+            primary.popen.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(
+                assert_eventually,
+                lambda: '"signal received, shutting down"' in primary.log_path.read_text(),
+                timeout=GRACE_S,
+            )
+        finally:
+            signal_group(backup, signal.SIGCONT)
+        with pytest.raises(grpc.RpcError) as ended:
+            await asyncio.wait_for(idle.read(), GRACE_S)
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        reply = await asyncio.wait_for(busy.read(), GRACE_S)
+        assert reply.version == 2 and not reply.duplicate
+        assert await busy.read() is grpc.aio.EOF  # then the call ends, OK
+        held = await fingerprint(stub_for(backup.address), job)
+        assert held.version == 2
+    assert await asyncio.to_thread(primary.popen.wait, GRACE_S) == 0
+    log_text = primary.log_path.read_text()
+    assert '"stopped"' in log_text and "ran past the grace period" not in log_text
+
+
+def _phase_count(proc, phase: str) -> float:
+    return metric(proc, "stalwart_paramserver_push_phase_seconds_count", phase=phase)

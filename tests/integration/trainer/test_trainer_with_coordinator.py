@@ -67,10 +67,12 @@ async def test_standby_takes_the_slot_of_a_killed_trainer_bitwise(cluster_procs)
     assert_bitwise_equal(got, want)
 
 
-async def test_a_step_needs_no_pull_call_and_stays_bitwise(cluster_procs):
-    """The weights each step ends with come back in the answers to the pushes: over a
-    fault-free job the primary serves a pull or two per trainer (its first weights),
-    not one per step, and the job ends bitwise equal to the reference run."""
+async def test_a_step_needs_no_call_of_its_own_and_stays_bitwise(cluster_procs):
+    """The weights each step ends with come back in the answers to the pushes, and
+    the pushes go over one open PushStream per trainer: over a fault-free job the
+    primary serves a pull or two per trainer (its first weights) and a stream or two
+    per trainer, not a call per step, and the job ends bitwise equal to the
+    reference run."""
     from tests.integration.paramserver.support import metric
 
     procs = cluster_procs
@@ -96,11 +98,18 @@ async def test_a_step_needs_no_pull_call_and_stays_bitwise(cluster_procs):
     pulls = await asyncio.to_thread(
         metric, primary, "grpc_server_started_total", grpc_method="Pull"
     )
-    pushes = await asyncio.to_thread(
-        metric, primary, "grpc_server_started_total", grpc_method="Push"
+    calls = {
+        method: await asyncio.to_thread(
+            metric, primary, "grpc_server_started_total", grpc_method=method
+        )
+        for method in ("Push", "PushStream")
+    }
+    applied = await asyncio.to_thread(
+        metric, primary, "stalwart_paramserver_pushes_total", result="applied"
     )
-    assert pushes >= 2 * spec.steps
+    assert applied >= 2 * spec.steps
     assert pulls <= 3 * 2, f"{pulls} pulls for {spec.steps} steps"
+    assert calls["Push"] + calls["PushStream"] <= 3 * 2, f"{calls} for {spec.steps} steps"
     version, got = await final_weights([primary.address, backup.address], job.job_id, spec)
     assert version == spec.steps
     assert_bitwise_equal(got, want)
