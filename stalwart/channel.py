@@ -8,10 +8,12 @@ entry without a ``retryPolicy`` in :func:`service_config`. Streaming calls are
 only retried by gRPC before the first response arrives and while the sent
 messages fit its retry buffer; past that the caller sees UNAVAILABLE itself.
 
-Deadline convention: every client call passes ``timeout=``. Channels from
-:func:`open_channel` refuse a call without one (``ValueError``) instead of
-letting it hang forever; :func:`call_with_deadline` is the short form that also
-turns failures into :class:`stalwart.errors.RpcError`.
+Deadline convention: every client call passes ``timeout=``, except streams that
+last as long as their peers (watches, telemetry, replication, pushes on one open
+call), which bound their own waits. Channels from :func:`open_channel` refuse a
+unary call without one (``ValueError``) instead of letting it hang forever;
+:func:`call_with_deadline` is the short form that also turns failures into
+:class:`stalwart.errors.RpcError`. A role token goes on every call of every type.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def open_channel(
     ``role_token`` is sent as ``authorization: Bearer ...`` on every call.
     """
     cfg = _config(config)
-    interceptors = [_AioClientInterceptor(role_token)]
+    interceptors = _aio_interceptors(role_token)
     if cfg.tls:
         return grpc.aio.secure_channel(
             address, cfg.credentials(), options=cfg.options(), interceptors=interceptors
@@ -180,33 +182,60 @@ async def call_with_deadline(
 def _prepare(details: Any, token: str | None) -> Any:
     if details.timeout is None:
         raise ValueError(f"{details.method!r} called without timeout=; every call needs a deadline")
-    if not token:
-        return details
+    return _with_token(details, token) if token else details
+
+
+def _with_token(details: Any, token: str) -> Any:
     metadata = list(details.metadata or ())
     metadata.append((AUTH_HEADER, f"Bearer {token}"))
     return details._replace(metadata=metadata)
 
 
-class _AioClientInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
+class _AioUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    """Unary calls: the deadline check and the token."""
+
     def __init__(self, token: str | None) -> None:
         self._token = token
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(_prepare(client_call_details, self._token), request)
 
+
+class _AioUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
     async def intercept_unary_stream(self, continuation, client_call_details, request):
-        return await continuation(_prepare(client_call_details, self._token), request)
+        return await continuation(_with_token(client_call_details, self._token), request)
+
+
+class _AioStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
 
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return await continuation(_prepare(client_call_details, self._token), request_iterator)
+        return await continuation(_with_token(client_call_details, self._token), request_iterator)
+
+
+class _AioStreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
 
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
-        return await continuation(_prepare(client_call_details, self._token), request_iterator)
+        return await continuation(_with_token(client_call_details, self._token), request_iterator)
+
+
+def _aio_interceptors(token: str | None) -> list[grpc.aio.ClientInterceptor]:
+    """One interceptor per call type: a grpc.aio channel files each interceptor under
+    the first call type its class matches and under no other, so one object serving
+    all four would see unary calls only (streaming calls went out without the token).
+    Streams get the token alone, and no interceptor at all without one: they are
+    exempt from the deadline check (a watch, telemetry, replication or pushes on one
+    open call last as long as their peers and bound their own waits)."""
+    interceptors: list[grpc.aio.ClientInterceptor] = [_AioUnaryUnary(token)]
+    if token:
+        interceptors += [_AioUnaryStream(token), _AioStreamUnary(token), _AioStreamStream(token)]
+    return interceptors
 
 
 class _SyncClientInterceptor(
