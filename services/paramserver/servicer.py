@@ -6,7 +6,6 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,6 +19,7 @@ from services.paramserver import (
     jobmetrics,
     metrics,
     phases,
+    pushstreams,
     reading,
     replstream,
 )
@@ -70,7 +70,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         # Drawn once per process: the coordinator tells a restarted replica by it.
         self.instance = uuid.uuid4().hex
         self.backup_side = BackupSide(self.host, self.histories, self._from_primary, self.instance)
-        self.push_streams = _PushStreams()
+        self.push_streams = pushstreams.PushStreams()
 
     # the host's parts, as the launcher and the metrics read them
     replica = property(lambda self: self.host.replica)
@@ -174,15 +174,19 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     @rpc_handler
     async def PushStream(self, request_iterator, context):
         """Pushes one after another on one call, each answered before the next is read.
-        A refusal ends the call with its status (no drain: the client sends one push
-        at a time, and retries a refused one as a Push, which gets the same answer)."""
+        A refusal ends the call with its status, once the rest of the refused push is
+        read (as Push's refusals are)."""
         with self.push_streams.track(context) as stream:
             while not stream.closing:
                 first = await stream.next_message()  # aborted here at shutdown
                 if first is grpc.aio.EOF:
                     return
-                push = _OnePush(first, context)
-                answer = await self._answer(*await self._push(push, context, True))
+                push = pushstreams.OnePush(first, context)
+                try:
+                    answer = await self._answer(*await self._push(push, context, True))
+                except StalwartError:
+                    await push.drain()  # so that the refusal's status arrives intact
+                    raise
                 # PushStreamResponse is laid out as PushResponse: its bytes go as they are
                 await context.write(
                     answer if isinstance(answer, bytes) else answer.SerializeToString()
@@ -608,72 +612,6 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                         except StalwartError:
                             break
                         job.committed.notify_all()  # pulls wait for durable state
-
-
-class _PushStream:
-    """One PushStream call being served: ``closing`` once shutdown began."""
-
-    def __init__(self, context, closing: bool):
-        self.context = context
-        self.closing = closing
-        self.waiting = False  # for the next push's header, between pushes
-
-    async def next_message(self):
-        self.waiting = True
-        try:
-            return await self.context.read()
-        finally:
-            self.waiting = False
-
-
-class _PushStreams:
-    """The PushStream calls being served. At shutdown each ends: at once, UNAVAILABLE,
-    when it waits between pushes, else once its push is answered (within the grace).
-    Open, they would hold the server's stop for its whole grace."""
-
-    def __init__(self) -> None:
-        self._open: set[_PushStream] = set()
-        self._closing = False
-
-    @contextlib.contextmanager
-    def track(self, context):
-        stream = _PushStream(context, self._closing)
-        self._open.add(stream)
-        try:
-            yield stream
-        finally:
-            self._open.discard(stream)
-
-    async def close(self) -> None:
-        self._closing = True
-        status = StalwartError(ErrorKind.UNAVAILABLE, "the replica is shutting down").to_status()
-        for stream in list(self._open):
-            stream.closing = True
-            if stream.waiting:
-                # ends the call with this status; its handler's read raises AbortError
-                with contextlib.suppress(grpc.aio.AbortError):
-                    await stream.context.abort_with_status(status)
-
-
-class _OnePush:
-    """One push's messages on a PushStream: ``first`` (its header), then what the
-    call reads next, until the reader stops asking (at the push's last chunk)."""
-
-    def __init__(self, first, context):
-        self._first = first
-        self._context = context
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        message = await self._context.read()
-        if message is grpc.aio.EOF:
-            raise StopAsyncIteration
-        return message
 
 
 # Calls whose request stream is a header and then chunks (PushStream: one such run
