@@ -78,12 +78,7 @@ async def test_push_in_flight_at_sigterm_is_finished_and_replicated(launcher) ->
                 lambda: metric(primary, "grpc_server_started_total", grpc_method="Push") > before,
                 timeout=GRACE_S,
             )
-            primary.popen.send_signal(signal.SIGTERM)  # shutdown begins with the push open
-            await asyncio.to_thread(
-                assert_eventually,
-                lambda: '"signal received, shutting down"' in primary.log_path.read_text(),
-                timeout=GRACE_S,
-            )
+            await _sigterm(primary)  # shutdown begins with the push open
         finally:
             signal_group(backup, signal.SIGCONT)
         reply = await asyncio.wait_for(push, GRACE_S)
@@ -120,12 +115,7 @@ async def test_push_streams_end_at_sigterm_and_the_push_on_one_is_finished(launc
                 assert_eventually, lambda: _phase_count(primary, "receive") > started,
                 timeout=GRACE_S,
             )  # fmt: skip
-            primary.popen.send_signal(signal.SIGTERM)
-            await asyncio.to_thread(
-                assert_eventually,
-                lambda: '"signal received, shutting down"' in primary.log_path.read_text(),
-                timeout=GRACE_S,
-            )
+            await _sigterm(primary)
         finally:
             signal_group(backup, signal.SIGCONT)
         with pytest.raises(grpc.RpcError) as ended:
@@ -143,3 +133,13 @@ async def test_push_streams_end_at_sigterm_and_the_push_on_one_is_finished(launc
 
 def _phase_count(proc, phase: str) -> float:
     return metric(proc, "stalwart_paramserver_push_phase_seconds_count", phase=phase)
+
+
+async def _sigterm(proc) -> None:
+    """SIGTERM, then wait until the process logged that its shutdown began."""
+    proc.popen.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(
+        assert_eventually,
+        lambda: '"signal received, shutting down"' in proc.log_path.read_text(),
+        timeout=GRACE_S,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -34,9 +35,13 @@ def write_assignment(
     return path
 
 
-async def final_weights(addresses: list[str], job_id: str, spec) -> tuple[int, dict]:
-    """Pull the job's weights once its version reaches spec.steps."""
-    client = ParamServerClient([ShardGroupClient(addresses, open_channel)])
+async def final_weights(
+    addresses: list[str], job_id: str, spec, token: str | None = None
+) -> tuple[int, dict]:
+    """Pull the job's weights once its version reaches spec.steps (``token``: the
+    role token to pull with, where the replicas have tokens configured)."""
+    channel = functools.partial(open_channel, role_token=token)
+    client = ParamServerClient([ShardGroupClient(addresses, channel)])
     client.plan(training.initial_params(models.resolve(spec), spec.seed))
     try:
         versions, params = await client.pull(job_id, -1, spec.steps)

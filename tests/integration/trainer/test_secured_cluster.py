@@ -7,19 +7,18 @@ and a pull without a token is refused."""
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import grpc
 import pytest
 
-from stalwart import models, training
+from stalwart import training
 from stalwart.api import coordinator, paramserver
 from stalwart.channel import open_channel
-from stalwart.client import CoordinatorClient, ParamServerClient, ShardGroupClient
+from stalwart.client import CoordinatorClient
 from stalwart.client.paramserver import ParamServerStub
 from tests.helpers import assert_eventually_async
 
-from .support import assert_bitwise_equal, small_spec, wait_trainers
+from .support import assert_bitwise_equal, final_weights, small_spec, wait_trainers
 from .test_trainer_with_coordinator import wait_job_done
 
 pytestmark = pytest.mark.timeout(300)
@@ -61,7 +60,7 @@ async def test_a_cluster_with_tokens_trains_to_the_end_bitwise(cluster_procs):
         assert done.state == coordinator.JOB_STATE_SUCCEEDED, done.reason
 
     addresses = [primary.address, backup.address]
-    version, got = await _weights(addresses, job.job_id, spec, "node-secret")
+    version, got = await final_weights(addresses, job.job_id, spec, "node-secret")
     assert version == spec.steps
     assert_bitwise_equal(got, want)
     async with open_channel(primary.address) as channel:  # no token
@@ -70,16 +69,3 @@ async def test_a_cluster_with_tokens_trains_to_the_end_bitwise(cluster_procs):
             async for _ in ParamServerStub(channel).Pull(request, timeout=10):
                 pass
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-
-
-async def _weights(addresses: list[str], job_id: str, spec, token: str):
-    group = ShardGroupClient(
-        addresses, functools.partial(open_channel, role_token=token), retry_for_s=5
-    )
-    client = ParamServerClient([group])
-    client.plan(training.initial_params(models.resolve(spec), spec.seed))
-    try:
-        versions, params = await client.pull(job_id, -1, spec.steps)
-        return versions[0], params
-    finally:
-        await client.close()
