@@ -34,6 +34,7 @@ MAX_LOCATION = 512  # "file.py:123 in function" of a user error
 # --- what one server holds open at once ---------------------------------------------
 
 MAX_WATCHERS = 1000  # watch streams per server: each holds a call and a queue of items
+MAX_PUSH_STREAMS = 1000  # PushStream calls per paramserver: a trainer holds one per replica
 
 # --- whole requests --------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import contextlib
 
 import grpc
 
-from stalwart import codec
+from stalwart import codec, limits
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.server import DRAIN_BEFORE_REFUSAL_S
 
@@ -41,6 +41,15 @@ class PushStreams:
 
     @contextlib.contextmanager
     def track(self, context):
+        """The call, served until the block ends. LIMIT_EXCEEDED past
+        ``limits.MAX_PUSH_STREAMS`` open at once: each holds a call and a task, and a
+        client refused here pushes with Push calls instead."""
+        if len(self._open) >= limits.MAX_PUSH_STREAMS:
+            raise StalwartError(
+                ErrorKind.LIMIT_EXCEEDED,
+                f"{len(self._open)} push streams open already, the most one replica "
+                "serves; push with Push calls",
+            )
         stream = _Served(context, self._closing)
         self._open.add(stream)
         try:
