@@ -191,36 +191,31 @@ def _with_token(details: Any, token: str) -> Any:
     return details._replace(metadata=metadata)
 
 
-class _AioUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
-    """Unary calls: the deadline check and the token."""
+class _Holds:
+    """An interceptor's role token (None: none configured)."""
 
     def __init__(self, token: str | None) -> None:
         self._token = token
+
+
+class _AioUnaryUnary(_Holds, grpc.aio.UnaryUnaryClientInterceptor):
+    """Unary calls: the deadline check and the token."""
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(_prepare(client_call_details, self._token), request)
 
 
-class _AioUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
+class _AioUnaryStream(_Holds, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(_with_token(client_call_details, self._token), request)
 
 
-class _AioStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
+class _AioStreamUnary(_Holds, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
         return await continuation(_with_token(client_call_details, self._token), request_iterator)
 
 
-class _AioStreamStream(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
+class _AioStreamStream(_Holds, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
         return await continuation(_with_token(client_call_details, self._token), request_iterator)
 
@@ -239,13 +234,14 @@ def _aio_interceptors(token: str | None) -> list[grpc.aio.ClientInterceptor]:
 
 
 class _SyncClientInterceptor(
+    _Holds,
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    def __init__(self, token: str | None) -> None:
-        self._token = token
+    """All four call types in one object: grpc.intercept_channel, unlike grpc.aio's
+    channel, asks the same interceptor for each type it implements."""
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(_prepare(client_call_details, self._token), request)
