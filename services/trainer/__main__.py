@@ -64,16 +64,24 @@ def client_factory(settings: TrainerSettings):
 def make_source(settings: TrainerSettings, worker: Worker, address: str, telemetry: Telemetry):
     if settings.assignment_file is not None:
         return FileSource(worker, settings.assignment_file)
-    client = CoordinatorClient(
-        settings.coordinator_list(),
-        settings.node_token.get_secret_value() or None,
-        channel_config=ChannelConfig.from_settings(settings),
-    )
+
+    def client(blocking: bool = False) -> CoordinatorClient:
+        return CoordinatorClient(
+            settings.coordinator_list(),
+            settings.node_token.get_secret_value() or None,
+            channel_config=ChannelConfig.from_settings(settings),
+            blocking=blocking,
+        )
+
+    # heartbeats go out from a thread of their own (sources.CoordinatorSource); the
+    # reports below are calls of this loop's
+    reports = client()
     source = CoordinatorSource(
-        worker, client, address, settings.node_id, settings.standby, telemetry.sample
-    )
-    _guard_data(worker, source, client)
-    _report_user_errors(worker, source, client)
+        worker, client(blocking=True), address, settings.node_id, settings.standby,
+        telemetry.sample, reports,
+    )  # fmt: skip
+    _guard_data(worker, source, reports)
+    _report_user_errors(worker, source, reports)
     return source
 
 
@@ -106,7 +114,7 @@ def _guard_data(worker: Worker, source: CoordinatorSource, client: CoordinatorCl
     source.on_checks = dup.on_checks
     loop = asyncio.get_running_loop()
 
-    def report(kind: str, job_id: str, step: int, message: str) -> None:  # executor thread
+    def report(kind: str, job_id: str, step: int, message: str) -> None:  # the compute's thread
         coro = client.report_corruption(node_id(), node_id(), kind, job_id, step, message)
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(_quietly(coro)))
 

@@ -60,6 +60,13 @@ class Faults(faultspec.FaultSet):
     # faults that do not end the process remember firing, so a recomputed step is clean
     fired: set = field(default_factory=set, compare=False, repr=False)
 
+    @property
+    def sleeps(self) -> bool:
+        """A fault that sleeps or hangs inside a step's compute is configured."""
+        return (
+            bool(self.delay_s) or self.heat_from_step is not None or self.hang_at_step is not None
+        )
+
     def before_push(self, step: int) -> None:
         """Called with the gradient of ``step`` computed, before it is pushed."""
         if self.delay_s:

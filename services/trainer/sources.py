@@ -15,6 +15,7 @@ from google.protobuf import json_format
 from services.trainer.worker import Worker
 from stalwart.api import common, coordinator
 from stalwart.client.coordinator import CoordinatorClient, NodeSession
+from stalwart.client.sessionthread import SessionThread
 
 logger = structlog.get_logger(__name__)
 
@@ -38,8 +39,11 @@ class FileSource:
 class CoordinatorSource:
     """Register with the coordinator group and follow its heartbeat answers.
 
-    The NodeSession drops answers from a deposed leader (lower epoch), so only
-    the current leader's assignment and directive reach the worker.
+    The session heartbeats from a thread of its own (:class:`SessionThread`), so a
+    step computed on the worker's loop never holds a beat back; ``client`` must be
+    made ``blocking=True``. The NodeSession drops answers from a deposed leader
+    (lower epoch), so only the current leader's assignment and directive reach
+    the worker, on the worker's loop, in the order they came.
     """
 
     def __init__(
@@ -50,24 +54,27 @@ class CoordinatorSource:
         node_id: str,
         standby: bool,
         telemetry: Callable[[], Mapping[str, float]],
+        reports: CoordinatorClient | None = None,
     ):
+        """``reports``: a client of the worker's loop, for the reports the trainer
+        sends (corruption, its job's errors); closed with the source."""
         self.worker = worker
-        self.client = client
+        self.reports = reports
         self.session = NodeSession(
             client,
             common.NODE_ROLE_TRAINER,
             address,
             node_id=node_id,
             standby=standby,
-            on_update=self._on_update,
             telemetry=telemetry,
         )
+        self.beats = SessionThread(self.session, self._on_update)
         worker.on_step = self._on_step
         # GradientChecks in heartbeat answers go here (services/trainer/dupcheck.py)
         self.on_checks: Callable[[list], None] | None = None
 
     def _on_step(self, step: int) -> None:
-        self.session.step = step
+        self.session.step = step  # read by the heartbeat thread
 
     def _on_update(self, response: coordinator.HeartbeatResponse) -> None:
         if response.gradient_checks and self.on_checks is not None:
@@ -79,8 +86,9 @@ class CoordinatorSource:
         self.worker.assign(response.assignment if has else None)
 
     async def start(self) -> None:
-        await self.session.start()
+        await self.beats.start()
 
     async def stop(self) -> None:
-        await self.session.stop()
-        await self.client.close()
+        await self.beats.stop()  # closes the session's client
+        if self.reports is not None:
+            await self.reports.close()

@@ -65,6 +65,10 @@ def _shape(a: coordinator.Assignment | None) -> tuple | None:
     return (a.job_id, slots_of(a), a.standby, a.shard_map.SerializeToString(deterministic=True))
 
 
+# a compute shorter than this last time runs on the event loop (computes_inline)
+INLINE_COMPUTE_S = 0.02
+
+
 @dataclass
 class JobState:
     """The job the worker holds weights of."""
@@ -80,6 +84,7 @@ class JobState:
     finished: bool = False
     registered: bool = False  # RegisterModel answered through the current client
     prefetched: bool = False  # the model holds the version the last push committed
+    last_compute_s: float | None = None  # how long the last slot's compute took
 
 
 class Worker:
@@ -100,7 +105,8 @@ class Worker:
         self.on_step: Callable[[int], None] | None = None
         self.on_finished: Callable[[str], None] | None = None
         self.gate: Gate | None = None  # duplicate-compute verdicts (services/trainer/dupcheck.py)
-        # (kind, job id, step, message) from the executor thread: report corruption caught here
+        # (kind, job id, step, message) from the compute's thread (the executor's or
+        # the loop's): report corruption caught here
         self.on_corruption: Callable[[str, str, int, str], None] | None = None
         # (job id, error) when the job's own code raised: reported to the coordinator
         self.on_user_error: Callable[[str, usererrors.UserCodeError], Awaitable[None]] | None = None
@@ -330,7 +336,7 @@ class Worker:
         carry = job.client.answers_carry_parameters
         try:
             for slot in slots:
-                result = await self._computed(job, slot, step)
+                result = await self._computed(job, slot, step, pushing=bool(pushes))
                 if result is None:
                     await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
                     return
@@ -377,12 +383,19 @@ class Worker:
         await self._load(job, carried[0][0], carried[1])
         return True
 
-    async def _computed(self, job: JobState, slot: int, step: int) -> training.StepResult | None:
-        """One slot's result for ``step``; None when duplicate compute outvoted it."""
+    async def _computed(
+        self, job: JobState, slot: int, step: int, pushing: bool = False
+    ) -> training.StepResult | None:
+        """One slot's result for ``step``; None when duplicate compute outvoted it.
+        ``pushing``: a push of this step is in flight (another slot's)."""
         computing = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(
-            None, self._compute, job, slot, step
-        )
+        if computes_inline(job.last_compute_s, self.faults, pushing=pushing):
+            result = self._compute(job, slot, step)
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, self._compute, job, slot, step
+            )
+        job.last_compute_s = time.perf_counter() - computing
         phases.observe("compute", computing)
         if not await self._confirmed(job, step, slot, result.grads):
             return None
@@ -440,8 +453,8 @@ class Worker:
         return await self.gate(job.job_id, step, slot, grads)
 
     def _compute(self, job: JobState, slot: int, step: int) -> training.StepResult:
-        # runs in the executor: faults that sleep or hang block this thread only,
-        # so heartbeats keep flowing (a gray failure, not a dead node)
+        # on the loop or in the executor (computes_inline); heartbeats go out from a
+        # thread of their own either way (services/trainer/sources.py)
         result = self._compute_checked(job, slot, step)
         self.faults.corrupt(step, result.grads)
         self.faults.before_push(step)
@@ -468,3 +481,20 @@ async def _abandon(task: asyncio.Future) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, RpcError, StalwartError):
         await task
+
+
+def computes_inline(last_compute_s: float | None, faults: Faults, pushing: bool) -> bool:
+    """Whether a slot's compute runs on the event loop instead of the executor.
+
+    The hop to an executor thread and back costs the loop about 0.8 ms, a fifth or
+    more of a short CPU step (docs/performance.md, lever 18), so a compute whose
+    previous one took under INLINE_COMPUTE_S runs inline. Not the first of a job
+    (its first autograd step is slow, and nothing is known yet), not while another
+    slot's push of the step is in flight (it would stall behind the compute), and
+    not with a test fault that sleeps or hangs in it (chaos tests stop such a
+    trainer with SIGTERM, which a loop stuck in a compute would not see). Heartbeats
+    never wait for it: they have a thread of their own.
+    """
+    if last_compute_s is None or pushing or faults.sleeps:
+        return False
+    return last_compute_s < INLINE_COMPUTE_S

@@ -32,7 +32,7 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from stalwart.api import common, coordinator, coordinator_grpc
-from stalwart.channel import ChannelConfig, open_channel
+from stalwart.channel import ChannelConfig, open_channel, open_sync_channel
 from stalwart.errors import ErrorKind, RpcError
 
 log = structlog.get_logger(__name__)
@@ -92,9 +92,17 @@ class CoordinatorClient:
         call_timeout_s: float = 5.0,
         retry_for_s: float = 15.0,
         heartbeat_timeout_s: float = 0.5,
+        blocking: bool = False,
     ) -> None:
-        """``addresses``: the replicas, as a list or "host:port,host:port"; ``token``: bearer token."""
+        """``addresses``: the replicas, as a list or "host:port,host:port"; ``token``: bearer token.
+
+        ``blocking``: unary calls go out on blocking gRPC channels and hold the event
+        loop until answered (``watch_events`` is not for such a client); only for a loop
+        with nothing else to do, such as a :class:`NodeSession` on a thread of its own
+        (:mod:`stalwart.client.sessionthread`).
+        """
         self.addresses = _split(addresses)
+        self.blocking = blocking
         self.token = token
         # Replicas come back at the same address (a restarted pod, a stand-in on the
         # same port). With gRPC's default reconnect backoff (growing to 120 s) a
@@ -109,7 +117,7 @@ class CoordinatorClient:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.leader: str = self.addresses[0]
         self.epoch = 0  # highest coordinator epoch seen in a response
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[str, grpc.aio.Channel | grpc.Channel] = {}
         # A stub builds one callable per method (~0.1 ms): one per address, not per call.
         self._stubs: dict[str, coordinator_grpc.CoordinatorServiceStub] = {}
 
@@ -120,13 +128,19 @@ class CoordinatorClient:
         await self.close()
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
+        channels = list(self._channels.values())
         self._channels.clear()
         self._stubs.clear()
+        if self.blocking:
+            for channel in channels:
+                channel.close()
+            return
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
 
     def stub(self, address: str) -> coordinator_grpc.CoordinatorServiceStub:
         if address not in self._stubs:
-            channel = open_channel(address, self.channel_config, self.token)
+            opener = open_sync_channel if self.blocking else open_channel
+            channel = opener(address, self.channel_config, self.token)
             self._channels[address] = channel
             self._stubs[address] = coordinator_grpc.CoordinatorServiceStub(channel)
         return self._stubs[address]
@@ -161,9 +175,11 @@ class CoordinatorClient:
         self, address: str, method: str, request: Any, timeout_s: float | None = None
     ) -> Any:
         try:
-            response = await getattr(self.stub(address), method)(
+            response = getattr(self.stub(address), method)(
                 request, timeout=timeout_s or self.call_timeout_s
             )
+            if not self.blocking:
+                response = await response
         except grpc.RpcError as exc:
             err = RpcError.from_grpc(exc)
             if err.kind in _FOLLOW:
