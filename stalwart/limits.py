@@ -35,6 +35,9 @@ MAX_LOCATION = 512  # "file.py:123 in function" of a user error
 
 MAX_WATCHERS = 1000  # watch streams per server: each holds a call and a queue of items
 MAX_PUSH_STREAMS = 1000  # PushStream calls per paramserver: a trainer holds one per replica
+# ReplicateStream calls per backup: its primary holds one; the rest is room for a
+# primary's new stream while its old one, or a deposed primary's, has not ended yet
+MAX_REPLICATION_STREAMS = 64
 
 # --- whole requests --------------------------------------------------------------------
 

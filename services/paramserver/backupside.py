@@ -14,7 +14,7 @@ import structlog
 from services.paramserver import jobmetrics, reading, replstream
 from services.paramserver.job import Entry, JobModel, Reduced
 from services.paramserver.runtime import JobHost, JobRuntime
-from stalwart import codec
+from stalwart import codec, limits
 from stalwart.api import paramserver
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.offload import off_loop, tensor_bytes
@@ -101,7 +101,16 @@ class BackupSide:
     # --- the replication stream ---------------------------------------------------
 
     async def serve_stream(self, request_iterator, context) -> None:
-        """One replication stream (services/paramserver/replstream.py), to its end."""
+        """One replication stream (services/paramserver/replstream.py), to its end;
+        refused ``LIMIT_EXCEEDED`` past ``limits.MAX_REPLICATION_STREAMS`` open here
+        (each holds a call, a task and the pushes staged on it). The primary then
+        forwards with unary calls, as to a backup without the stream."""
+        if len(self._sessions) >= limits.MAX_REPLICATION_STREAMS:
+            raise StalwartError(
+                ErrorKind.LIMIT_EXCEEDED,
+                f"{len(self._sessions)} replication streams open here already, the most "
+                "one backup serves; a primary needs one",
+            )
         session = replstream.BackupSession(
             context, self.from_primary, self.host.limits, self.stage,
             lambda request: self.commit(request, None), self.instance,

@@ -12,10 +12,13 @@ import grpc
 import pytest
 import torch
 
-from stalwart.api import common
+from stalwart import limits
+from stalwart.api import common, paramserver
+from stalwart.errors import ErrorKind, RpcError
 from tests.helpers import assert_eventually_async
 from tests.integration.paramserver.support import (
     assert_same_state,
+    configure_backup,
     consistency,
     expect_error,
     fingerprint,
@@ -156,3 +159,34 @@ async def test_a_backup_that_stops_answering_drops_out_then_fences_a_deposed_pri
             now = await fingerprint(stub_for(replica.address), job)
             assert (now.version, now.combined) == (settled.version, settled.combined)
         assert (await status(stub)).role == common.REPLICA_ROLE_FENCED
+
+
+async def test_a_backup_serves_at_most_max_replication_streams(launcher) -> None:
+    backup = launcher.start_many({"b": ["--role", "backup"]})["b"]
+    opening = paramserver.ReplicateStreamRequest(open=paramserver.ReplicateStreamOpen(epoch=1))
+    async with stubs() as stub_for:
+        stub = stub_for(backup.address)
+        await configure_backup(stub, 1)  # as a promotion does: streams of epoch 1 are its primary's
+
+        async def opened():
+            call = stub.ReplicateStream(timeout=120)
+            await call.write(opening)
+            answer = await call.read()  # written once the session is counted
+            assert answer.WhichOneof("result") == "opened"
+            return call
+
+        held = [await opened() for _ in range(limits.MAX_REPLICATION_STREAMS)]
+        extra = stub.ReplicateStream(timeout=120)  # nothing written: refused at once
+        with pytest.raises(grpc.RpcError) as info:
+            await extra.read()
+        err = RpcError.from_grpc(info.value)
+        assert err.kind is ErrorKind.LIMIT_EXCEEDED and "replication streams" in err.message
+        assert all(not call.done() for call in held)  # the open ones are untouched
+        held.pop().cancel()
+
+        async def room_again():
+            held.append(await opened())
+
+        await assert_eventually_async(room_again, timeout=30, interval=0.1)
+        for call in held:
+            call.cancel()
