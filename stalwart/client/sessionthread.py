@@ -12,9 +12,9 @@ on every gRPC event of the process, and a second one cost each call of the first
 about 45 µs more CPU (230 → 275 µs a unary call, measured); a blocking channel on
 a side thread cost nothing measurable.
 
-The session decides what it decides now (epochs, registering again); each
-accepted answer is handed to ``on_update`` on the loop that called :meth:`start`,
-in the order the answers came. ``session.step`` and the telemetry callable are
+The session's own decisions (epochs, registering again) are made on its thread;
+each answer it accepts is handed to ``on_update`` on the loop that called
+:meth:`start`, in the order the answers came. ``session.step`` and the telemetry callable are
 read from the heartbeat thread: plain attributes, written by the owner's loop.
 """
 
