@@ -79,7 +79,7 @@ class Faults(faultspec.FaultSet):
             log.get_logger("stalwart.faults").warning(
                 "fault fired", fault="hang_at_step", step=step
             )
-            while True:  # until killed; the heartbeat task keeps running
+            while True:  # until killed; the heartbeat thread keeps running
                 time.sleep(3600)
 
     def corrupt(self, step: int, grads) -> None:
