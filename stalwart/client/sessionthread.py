@@ -21,6 +21,7 @@ read from the heartbeat thread: plain attributes, written by the owner's loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -65,7 +66,9 @@ class SessionThread:
             return
         self._stop_requested.set()
         if self._loop is not None and self._done is not None:
-            self._loop.call_soon_threadsafe(self._done.set)
+            # closed already when the thread ended on its own (a failed registration)
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._done.set)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
 

@@ -76,7 +76,10 @@ async def test_a_registration_that_fails_is_raised_by_start():
     with pytest.raises(Exception) as info:  # noqa: PT011 - RpcError or TimeoutError
         await beats.start()
     assert "UNAVAILABLE" in str(info.value) or isinstance(info.value, TimeoutError)
-    await beats.stop()  # the thread ended on its own; stop() returns at once
+    thread = beats._thread
+    assert thread is not None
+    await asyncio.to_thread(thread.join)  # the thread ends on its own, its loop closed
+    await beats.stop()  # and stop() after it still returns
 
 
 async def test_a_session_thread_needs_a_blocking_client():
