@@ -54,7 +54,7 @@ class CoordinatorSource:
         node_id: str,
         standby: bool,
         telemetry: Callable[[], Mapping[str, float]],
-        reports: CoordinatorClient | None = None,
+        reports: CoordinatorClient,
     ):
         """``reports``: a client of the worker's loop, for the reports the trainer
         sends (corruption, its job's errors); closed with the source."""
@@ -90,5 +90,4 @@ class CoordinatorSource:
 
     async def stop(self) -> None:
         await self.beats.stop()  # closes the session's client
-        if self.reports is not None:
-            await self.reports.close()
+        await self.reports.close()
