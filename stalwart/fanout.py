@@ -3,7 +3,7 @@
 A watcher that falls a whole queue behind is dropped, and its queue ends with a None
 after what it holds: its stream then ends, and the client lists or replays what it
 missed and watches again. Unbounded, one stalled watcher would grow the server's
-memory without end; the number of watchers is bounded too (``limits.check_watchers``).
+memory without end; the number of watchers is bounded too (``limits.check_open``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ class Fanout(Generic[T]):
         return len(self._queues)
 
     def subscribe(self) -> asyncio.Queue:
-        limits.check_watchers(self.what, len(self._queues), self.advice)
+        limits.check_open(
+            f"{self.what} watchers", len(self._queues), limits.MAX_WATCHERS, self.advice
+        )
         queue: asyncio.Queue = asyncio.Queue(self.queue_limit)
         self._queues.add(queue)
         return queue

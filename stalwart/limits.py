@@ -69,12 +69,15 @@ def check_string(field: str, value: str, limit: int) -> None:
         )
 
 
-def check_watchers(kind: str, held: int, advice: str) -> None:
-    """LIMIT_EXCEEDED when a server already serves ``MAX_WATCHERS`` watch streams."""
-    if held >= MAX_WATCHERS:
+def check_open(what: str, held: int, limit: int, advice: str) -> None:
+    """LIMIT_EXCEEDED when a server already holds ``limit`` of ``what`` open (watch
+    streams, push streams, replication streams): each holds a call, a task and
+    buffers, so their number is bounded like every other resource. ``advice``
+    says what a refused client can do instead."""
+    if held >= limit:
         raise StalwartError(
             ErrorKind.LIMIT_EXCEEDED,
-            f"{held} {kind} watchers already, the most one server serves; {advice}",
+            f"{held} {what} open already, the most one server serves; {advice}",
         )
 
 

@@ -105,12 +105,10 @@ class BackupSide:
         refused ``LIMIT_EXCEEDED`` past ``limits.MAX_REPLICATION_STREAMS`` open here
         (each holds a call, a task and the pushes staged on it). The primary then
         forwards with unary calls, as to a backup without the stream."""
-        if len(self._sessions) >= limits.MAX_REPLICATION_STREAMS:
-            raise StalwartError(
-                ErrorKind.LIMIT_EXCEEDED,
-                f"{len(self._sessions)} replication streams open here already, the most "
-                "one backup serves; a primary needs one",
-            )
+        limits.check_open(
+            "replication streams", len(self._sessions), limits.MAX_REPLICATION_STREAMS,
+            "a primary needs one",
+        )  # fmt: skip
         session = replstream.BackupSession(
             context, self.from_primary, self.host.limits, self.stage,
             lambda request: self.commit(request, None), self.instance,

@@ -44,12 +44,9 @@ class PushStreams:
         """The call, served until the block ends. LIMIT_EXCEEDED past
         ``limits.MAX_PUSH_STREAMS`` open at once: each holds a call and a task, and a
         client refused here pushes with Push calls instead."""
-        if len(self._open) >= limits.MAX_PUSH_STREAMS:
-            raise StalwartError(
-                ErrorKind.LIMIT_EXCEEDED,
-                f"{len(self._open)} push streams open already, the most one replica "
-                "serves; push with Push calls",
-            )
+        limits.check_open(
+            "push streams", len(self._open), limits.MAX_PUSH_STREAMS, "push with Push calls"
+        )
         stream = _Served(context, self._closing)
         self._open.add(stream)
         try:

@@ -33,7 +33,8 @@ class SessionThread:
     """Runs ``session`` (its client made ``blocking=True``) on a thread of its own.
 
     ``await start()`` returns once registered (or raises the registration's error);
-    ``await stop()`` ends the heartbeats and closes the session's client.
+    ``await stop()`` ends the heartbeats and closes the session's client. Each once:
+    a stopped SessionThread is not started again.
     """
 
     def __init__(
@@ -45,17 +46,19 @@ class SessionThread:
             raise ValueError("a session on its own thread needs a blocking CoordinatorClient")
         self.session = session
         self.on_update = on_update
-        self._loop: asyncio.AbstractEventLoop | None = None  # the heartbeat thread's
-        self._done: asyncio.Event | None = None
+        # The heartbeat thread's loop, made before the thread starts so that stop()
+        # can always reach it: a set() queued before the loop runs runs first thing.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._done = asyncio.Event()  # the one stop signal; set on the heartbeat loop
         self._thread: threading.Thread | None = None
-        self._stop_requested = threading.Event()  # for a stop before the loop runs
 
     async def start(self) -> None:
         owner = asyncio.get_running_loop()
         registered: asyncio.Future = owner.create_future()
         self.session.on_update = lambda r: owner.call_soon_threadsafe(self.on_update, r)
+        self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=asyncio.run, args=(self._run(owner, registered),),
+            target=self._serve, args=(self._run(owner, registered),),
             name="heartbeats", daemon=True,
         )  # fmt: skip
         self._thread.start()
@@ -64,16 +67,19 @@ class SessionThread:
     async def stop(self) -> None:
         if self._thread is None:
             return
-        self._stop_requested.set()
-        if self._loop is not None and self._done is not None:
-            # closed already when the thread ended on its own (a failed registration)
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._done.set)
+        # closed already when the thread ended on its own (a failed registration)
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._done.set)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
 
+    def _serve(self, main) -> None:
+        """The heartbeat thread: ``main`` on the loop made for it, which the Runner
+        closes at the end (after cancelling what is left, as asyncio.run does)."""
+        with asyncio.Runner(loop_factory=lambda: self._loop) as runner:
+            runner.run(main)
+
     async def _run(self, owner: asyncio.AbstractEventLoop, registered: asyncio.Future) -> None:
-        self._loop, self._done = asyncio.get_running_loop(), asyncio.Event()
         try:
             await self.session.start()
         except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
@@ -82,8 +88,7 @@ class SessionThread:
             return
         owner.call_soon_threadsafe(_settle, registered, None)
         try:
-            if not self._stop_requested.is_set():
-                await self._done.wait()
+            await self._done.wait()
         finally:
             await self.session.stop()
             await self.session.client.close()

@@ -25,7 +25,7 @@ def test_watchers_past_the_limit_are_refused_until_one_leaves(make, monkeypatch)
         with pytest.raises(StalwartError) as refused:
             log.subscribe()
         assert refused.value.kind is ErrorKind.LIMIT_EXCEEDED
-        assert "3 " in str(refused.value) and "watchers already" in str(refused.value)
+        assert "3 " in str(refused.value) and "watchers open already" in str(refused.value)
         log.unsubscribe(queues[0])
         assert log.subscribe() is not None
 
