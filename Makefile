@@ -24,13 +24,13 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup proto lint breaking fmt test chaos backends deploy-tools compose-test go-client api-tools ts-client bench demo clean distclean k8s-apiserver k8s-test
+.PHONY: help setup proto lint breaking fmt test chaos backends deploy-tools compose-test go-client java-client api-tools ts-client bench demo clean distclean k8s-apiserver k8s-test
 
 help:
 	@echo "make setup      venv in $(VENV), project + dev extras, generated protobuf code"
 	@echo "make proto      regenerate $(GEN_DIR)/ from protos/"
 	@echo "make lint       ruff check + buf lint + buf breaking (against the merge-base with main)"
-	@echo "make api-tools  grpcurl and ghz into $(TOOLS)/go/bin;  make ts-client: the TypeScript client"
+	@echo "make api-tools  grpcurl and ghz into $(TOOLS)/go/bin;  make ts-client / java-client: the TypeScript / Java client"
 	@echo "make fmt        ruff format + ruff check --fix"
 	@echo "make test       setup, test backends, then pytest over tests/ (PYTEST_ARGS=...)"
 	@echo "make chaos      seeded fault schedules against local clusters (SEEDS=0-49, RESTART_SEEDS=...)"
@@ -139,6 +139,9 @@ compose-test: setup backends
 
 go-client: setup
 	bash clients/go/generate.sh
+
+java-client: setup
+	bash clients/java/build.sh
 
 # --- API tools: grpcurl and ghz, pinned, from the Go module proxy into .tools/go/bin -----
 # Used by tests/integration/test_reflection.py (reflection alone, no .proto files).
