@@ -14,6 +14,8 @@ import base64
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +28,28 @@ from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
 from stalwart.procs import start_service
 from tests.helpers import PRELOAD
+
+
+def missing_tools(*tools: str) -> str:
+    """The reason to skip a client's tests when one of ``tools`` is not on PATH ("" when
+    all are); with STALWART_REQUIRE_BACKENDS=1 a missing tool is an error instead."""
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if not missing:
+        return ""
+    if os.environ.get("STALWART_REQUIRE_BACKENDS") == "1":
+        raise RuntimeError(f"no {'/'.join(missing)} on PATH and STALWART_REQUIRE_BACKENDS=1")
+    return f"no {'/'.join(missing)} on PATH"
+
+
+def run_in(directory: Path, cmd: list[str], timeout: float, **env: str):
+    """Run ``cmd`` in a client's directory (PYTHON set to this interpreter); its output
+    when it exits 0, else the test fails showing both streams."""
+    result = subprocess.run(
+        cmd, cwd=directory, env=dict(os.environ, PYTHON=sys.executable, **env),
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
 
 
 @contextmanager

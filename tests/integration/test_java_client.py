@@ -13,32 +13,25 @@ STALWART_REQUIRE_BACKENDS=1.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from stalwart.api import coordinator
-from tests.integration.clients_live import assert_same_weights, finished_job, live_cluster
+from tests.integration.clients_live import (
+    assert_same_weights,
+    finished_job,
+    live_cluster,
+    missing_tools,
+    run_in,
+)
 
 JAVA_DIR = Path(__file__).resolve().parents[2] / "clients" / "java"
+_run = partial(run_in, JAVA_DIR)
 
-if shutil.which("java") is None or shutil.which("mvn") is None:
-    if os.environ.get("STALWART_REQUIRE_BACKENDS") == "1":
-        raise RuntimeError("no java/mvn on PATH and STALWART_REQUIRE_BACKENDS=1")
-    pytestmark = pytest.mark.skip(reason="no java/mvn on PATH")
-
-
-def _run(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        cmd, cwd=JAVA_DIR, env=dict(os.environ, PYTHON=sys.executable, **env),
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
+if skip_reason := missing_tools("java", "javac", "mvn"):
+    pytestmark = pytest.mark.skip(reason=skip_reason)
 
 
 @pytest.fixture(scope="module")

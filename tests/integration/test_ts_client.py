@@ -11,34 +11,27 @@ unless STALWART_REQUIRE_BACKENDS=1.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from stalwart.api import coordinator
 from stalwart.jobspec import MODEL_DEFAULTS
-from tests.integration.clients_live import assert_same_weights, finished_job, live_cluster
+from tests.integration.clients_live import (
+    assert_same_weights,
+    finished_job,
+    live_cluster,
+    missing_tools,
+    run_in,
+)
 
 TS_DIR = Path(__file__).resolve().parents[2] / "clients" / "typescript"
 STEPS = 5
+_run = partial(run_in, TS_DIR)
 
-if shutil.which("node") is None or shutil.which("npm") is None:
-    if os.environ.get("STALWART_REQUIRE_BACKENDS") == "1":
-        raise RuntimeError("no Node.js/npm on PATH and STALWART_REQUIRE_BACKENDS=1")
-    pytestmark = pytest.mark.skip(reason="no Node.js/npm on PATH")
-
-
-def _run(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        cmd, cwd=TS_DIR, env=dict(os.environ, PYTHON=sys.executable, **env),
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
+if skip_reason := missing_tools("node", "npm"):
+    pytestmark = pytest.mark.skip(reason=skip_reason)
 
 
 @pytest.fixture(scope="module")
