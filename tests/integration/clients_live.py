@@ -1,5 +1,6 @@
-"""What the Go and TypeScript client tests share: a live local cluster, and the Python
-client's pull of a job's final weights to compare theirs with, byte for byte.
+"""What the Go, TypeScript and Java client tests share: whether their toolchain is
+there, a way to run it, a live local cluster, and the Python client's pull of a
+job's final weights to compare theirs with, byte for byte.
 
 The cluster has two coordinators (so a client given both meets a standby and
 must follow NOT_LEADER), one paramserver group (primary + backup) and one

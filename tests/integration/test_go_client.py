@@ -7,15 +7,13 @@ round trip, and runs `go test ./...` with STALWART_PARAMSERVER and
 STALWART_COORDINATOR pointing at them, under
 STALWART_REQUIRE_BACKENDS=1 so no Go test may skip. One Go test runs a job to
 the end and writes its final weights; they must equal the Python client's pull,
-bitwise. Skips when no Go toolchain is installed.
+bitwise. Skips when no Go toolchain is installed, unless
+STALWART_REQUIRE_BACKENDS=1.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,31 +21,23 @@ import pytest
 from tests.integration.clients_live import (
     assert_same_weights,
     live_cluster,
+    missing_tools,
+    run_in,
     standalone_paramserver,
 )
 
 GO_DIR = Path(__file__).resolve().parents[2] / "clients" / "go"
+# the module's go.sum is completed as needed, not read-only
+_run = partial(run_in, GO_DIR, GOFLAGS="-mod=mod")
 
-pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="no Go toolchain on PATH")
-
-
-def _go_env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, GOFLAGS="-mod=mod", PYTHON=sys.executable, **extra)
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        cmd, cwd=GO_DIR, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
+if skip_reason := missing_tools("go"):
+    pytestmark = pytest.mark.skip(reason=skip_reason)
 
 
 @pytest.fixture(scope="module")
 def go_client() -> Path:
-    env = _go_env()
-    _run(["bash", "generate.sh"], env, timeout=600)
-    _run(["go", "build", "./..."], env, timeout=600)
+    _run(["bash", "generate.sh"], timeout=600)
+    _run(["go", "build", "./..."], timeout=600)
     return GO_DIR
 
 
@@ -59,13 +49,13 @@ def test_go_client_against_live_services(go_client: Path, run_dir: Path) -> None
     ):
         coordinators = cluster.coordinator_addresses
         dump = run_dir / "go-client-weights.json"
-        env = _go_env(
+        result = _run(
+            ["go", "test", "-count=1", "-v", "./..."], timeout=900,
             STALWART_PARAMSERVER=lone_paramserver,
             STALWART_COORDINATOR=",".join(coordinators),
             STALWART_WEIGHTS_OUT=str(dump),
             STALWART_REQUIRE_BACKENDS="1",
-        )
-        result = _run(["go", "test", "-count=1", "-v", "./..."], env, timeout=900)
+        )  # fmt: skip
         out = result.stdout
         assert "--- PASS: TestParamServerPushPullRoundTrip" in out, out
         assert "--- PASS: TestCoordinatorListAndSubmit" in out, out
