@@ -24,6 +24,24 @@ from grpc_status import rpc_status
 
 DOMAIN = "stalwart.dev"
 
+# An error's message and each ErrorInfo value travel in the answer's trailing
+# metadata, which gRPC refuses past 8-16 KiB in all: a message echoing a
+# 200,000-character job id reached the client as "received metadata size exceeds
+# hard limit", without its code or reason. Clipped here, where every answer's error
+# is built, so no caller has to remember it; in bytes, since a non-ASCII byte is
+# percent-encoded to three in the grpc-message header.
+MAX_MESSAGE_BYTES = 1024
+MAX_METADATA_BYTES = 256  # a leader address, a chunk hash, a store URL
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, saying how much was left out."""
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    kept = encoded[:limit].decode(errors="ignore")  # never half a character
+    return f"{kept}... ({len(text) - len(kept)} more characters)"
+
 
 class ErrorKind(enum.Enum):
     """Every error a Stalwart service answers with: (status code, reason)."""
@@ -83,10 +101,11 @@ class StalwartError(Exception):
     """An error a server answers with; raised anywhere below a handler."""
 
     def __init__(self, kind: ErrorKind, message: str, **metadata: object) -> None:
+        message = clip(message, MAX_MESSAGE_BYTES)
         super().__init__(message)
         self.kind = kind
         self.message = message
-        self.metadata = {k: str(v) for k, v in metadata.items()}
+        self.metadata = {k: clip(str(v), MAX_METADATA_BYTES) for k, v in metadata.items()}
 
     def __str__(self) -> str:
         return f"{self.kind.reason}: {self.message}"

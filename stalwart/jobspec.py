@@ -20,6 +20,13 @@ BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
 MAX_MICRO_BATCHES = 64
 MAX_LOCAL_STEPS = 1024
 MAX_PATH = 4096
+# Shard groups one job may spread over. The leader walks a job's shards on every
+# tick; a job asking for 2**31-1 of them held its event loop (and, after a failover,
+# the next leader's) in that walk for good.
+MAX_SHARDS = 256
+# The paramserver steps float32 tensors: a hyper-parameter past float32's range
+# (lr 1e300 is a finite double) failed every commit with an overflow.
+FLOAT32_MAX = 3.4028234663852886e38
 # What JobSpec.gradient_dtype may say: the parameters' own dtypes, or bfloat16 on the wire
 GRADIENT_DTYPES = (common.DTYPE_UNSPECIFIED, common.DTYPE_BFLOAT16)
 
@@ -41,10 +48,12 @@ def validate_optimizer(spec: common.OptimizerSpec) -> None:
         common.OPTIMIZER_KIND_ADAMW,
     ):
         raise _bad("optimizer: kind must be SGD, ADAM or ADAMW")
-    if not spec.lr > 0 or math.isinf(spec.lr):  # NaN fails the comparison
-        raise _bad(f"optimizer: lr must be > 0, got {spec.lr}")
-    if not spec.weight_decay >= 0:
-        raise _bad(f"optimizer: weight_decay must be >= 0, got {spec.weight_decay}")
+    if not 0 < spec.lr <= FLOAT32_MAX:  # NaN fails the comparison
+        raise _bad(f"optimizer: lr must be > 0 and finite in float32, got {spec.lr}")
+    if not 0 <= spec.weight_decay <= FLOAT32_MAX:
+        raise _bad(
+            f"optimizer: weight_decay must be >= 0 and finite in float32, got {spec.weight_decay}"
+        )
     if kind == common.OPTIMIZER_KIND_SGD:
         _check_sgd(spec)
     else:
@@ -111,8 +120,8 @@ def _check_adam(spec: common.OptimizerSpec) -> None:
         value = getattr(spec, name)
         if not 0 <= value < 1:
             raise _bad(f"optimizer: {name} must be in [0, 1), got {value}")
-    if not spec.eps >= 0:
-        raise _bad(f"optimizer: eps must be >= 0, got {spec.eps}")
+    if not 0 <= spec.eps <= FLOAT32_MAX:
+        raise _bad(f"optimizer: eps must be >= 0 and finite in float32, got {spec.eps}")
     if spec.momentum or spec.dampening or spec.nesterov:
         raise _bad("optimizer: momentum, dampening and nesterov do not apply to Adam")
 
@@ -171,6 +180,10 @@ def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> 
         raise _bad("num_shards and checkpoint_interval must be >= 0")
     if spec.eval_every < 0:
         raise _bad(f"eval_every must be >= 0 (0: no evaluation), got {spec.eval_every}")
+    if spec.num_shards > MAX_SHARDS:
+        raise StalwartError(
+            ErrorKind.LIMIT_EXCEEDED, f"num_shards {spec.num_shards} > limit {MAX_SHARDS}"
+        )
     if spec.num_slots > max_slots:
         raise StalwartError(
             ErrorKind.LIMIT_EXCEEDED, f"num_slots {spec.num_slots} > limit {max_slots}"
@@ -189,7 +202,7 @@ def _check_local_steps(spec: coordinator.JobSpec) -> None:
     if not 0 <= spec.local_steps <= MAX_LOCAL_STEPS:
         raise _bad(f"local_steps must be in [0, {MAX_LOCAL_STEPS}], got {spec.local_steps}")
     if spec.local_steps > 1:
-        if not spec.local_lr > 0 or math.isinf(spec.local_lr):  # NaN fails the comparison
+        if not 0 < spec.local_lr <= FLOAT32_MAX:  # NaN fails the comparison
             raise _bad(f"local_lr must be > 0 and finite when local_steps > 1, got {spec.local_lr}")
         if spec.consistency.mode not in (
             common.CONSISTENCY_MODE_UNSPECIFIED,

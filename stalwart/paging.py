@@ -29,7 +29,7 @@ def decode(token: str) -> list[Any]:
         if not isinstance(key, list):
             raise ValueError
         return key
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # a forged token nested 5,000 deep
         raise StalwartError(ErrorKind.INVALID_ARGUMENT, "bad page_token") from None
 
 

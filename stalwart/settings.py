@@ -84,8 +84,9 @@ class ServiceSettings(BaseSettings):
     max_message_bytes: int = Field(default=8 * MIB, ge=64 * 1024)
     """Largest gRPC message sent or received; bigger ones fail RESOURCE_EXHAUSTED."""
 
-    chunk_bytes: int = Field(default=4 * MIB, ge=1024)
-    """Tensor bytes per chunk on streaming RPCs; must leave room under max_message_bytes."""
+    chunk_bytes: int = Field(default=4 * MIB, ge=4 * 1024)
+    """Tensor bytes per chunk on streaming RPCs; must leave room under max_message_bytes.
+    At least 4 KiB, the smallest chunk a paramserver serves a Pull in."""
 
     ready_file: Path | None = None
     """When set, a JSON file (address, metrics_port, pid, node_id) written once serving."""

@@ -200,6 +200,10 @@ class Control:
     ):
         """Run a mutating call at most once per ``request_id``.
 
+        ``method`` names the call and what it acts on ("CancelJob/job-7"): one request
+        id sent to cancel two jobs cancels both, where keying by the call alone
+        answered the second with the first job, uncancelled.
+
         The answer's key (``encode(result)``: a job id, a checkpoint id...) is kept
         in the store, so a retry, also one that reaches the next leader, gets
         ``decode(key)`` instead of a second run; a retry arriving while the first
@@ -420,7 +424,9 @@ class Control:
                 earlier = await self.io(self.state.request_job, request_id)
                 if earlier is not None:
                     if earlier.job_id in self.jobs:
-                        return self.jobs[earlier.job_id]  # a retry: the same job
+                        same = self.jobs[earlier.job_id]
+                        _refuse_another_request(request_id, same, job_id, spec)
+                        return same  # a retry: the same job
                     _refuse_forgotten(request_id, earlier)
                     job_id = earlier.job_id  # its record was never stored: admit it now
             job_id = job_id or f"job-{uuid.uuid4().hex[:10]}"
@@ -617,6 +623,18 @@ class Control:
         elif isinstance(a, placement.AttachStandby):
             self.events.add(EV.EVENT_KIND_SLOT_ASSIGNED, f"{a.node_id} is a warm standby of {a.job_id}",
                             job_id=a.job_id, node_id=a.node_id, slot=-1)  # fmt: skip
+
+
+def _refuse_another_request(request_id: str, job: jobs.Job, job_id: str, spec) -> None:
+    """A request id sent again with another job id or spec is not a retry: answering
+    with the first job would let the client believe its new spec was admitted."""
+    if (job_id and job_id != job.job_id) or spec != job.spec:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"request {request_id!r} admitted job {job.job_id!r} with another "
+            f"{'job id' if job_id and job_id != job.job_id else 'spec'}; a retry sends the "
+            "same request, a new job needs a new request id",
+        )
 
 
 def _refuse_forgotten(request_id: str, earlier: RequestRecord) -> None:

@@ -84,7 +84,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     async def CancelJob(self, request, context):
         _check_reason(request)
         job = await self.control.once(
-            "CancelJob", request.request_id,
+            f"CancelJob/{request.job_id}", request.request_id,
             lambda: self.control.cancel_job(request.job_id, request.reason),
             _job_key, self._job_named,
         )  # fmt: skip
@@ -220,7 +220,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     async def DrainNode(self, request, context):
         _check_reason(request)
         node = await self.control.once(
-            "DrainNode", request.request_id,
+            f"DrainNode/{request.node_id}", request.request_id,
             lambda: self.control.drain_node(request.node_id, request.reason),
             lambda n: n.node_id.encode(), self._node_named,
         )  # fmt: skip
@@ -327,7 +327,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     async def CreateCheckpoint(self, request, context):
         limits.check_string("request_id", request.request_id, limits.MAX_ID)
         manifest = await self.control.once(
-            "CreateCheckpoint", request.request_id,
+            f"CreateCheckpoint/{request.job_id}", request.request_id,
             lambda: self.checkpoints.create(request.job_id),
             lambda m: m.checkpoint_id.encode(), lambda b: self.checkpoints.find(b.decode()),
         )  # fmt: skip
@@ -339,7 +339,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         limits.check_string("request_id", request.request_id, limits.MAX_ID)
         manifest = await self.checkpoints.find(request.checkpoint_id)
         job = await self.control.once(
-            "RestoreCheckpoint", request.request_id,
+            f"RestoreCheckpoint/{request.checkpoint_id}", request.request_id,
             lambda: self.checkpoints.restore(manifest.job_id, manifest.checkpoint_id,
                                              "restore requested"),
             _job_key, self._job_named,

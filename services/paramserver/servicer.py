@@ -32,6 +32,7 @@ from services.paramserver.replicator import Fenced, Replicator
 from services.paramserver.runtime import JobHost, JobRuntime
 from stalwart import codec
 from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.checkpoint import MIN_CHUNK_BYTES
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.offload import off_loop as _off_loop
 from stalwart.offload import tensor_bytes
@@ -372,7 +373,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             raise StalwartError(
                 ErrorKind.INVALID_ARGUMENT, "optimizer_state needs since_version -1 (everything)"
             )
-        chunk_bytes = min(request.chunk_size or self.chunk_bytes, self.chunk_bytes)
+        chunk_bytes = _pull_chunk_bytes(request.chunk_size, self.chunk_bytes)
         timeout = context.time_remaining() or self.sync_wait_s
         async with job.lock:
             try:
@@ -661,6 +662,21 @@ def add_to_server(servicer: ParamServer, server) -> None:
         (grpc.method_handlers_generic_handler(capture.service, handlers),)
     )
     server.add_registered_method_handlers(capture.service, handlers)
+
+
+def _pull_chunk_bytes(asked: int, largest: int) -> int:
+    """The chunk size a Pull gets: the caller's (0: the server's), at most the server's.
+
+    Each chunk is a message with its own CRC32C and header: chunk_size 1 turned one
+    14 MB model into 14 million messages, encoded under the job's lock, and froze
+    every step of the job while it ran. So the floor of checkpoint chunks applies."""
+    if 0 < asked < MIN_CHUNK_BYTES:
+        raise StalwartError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"chunk_size must be 0 (the server's, {largest} bytes) or at least "
+            f"{MIN_CHUNK_BYTES} bytes, got {asked}",
+        )
+    return min(asked or largest, largest)
 
 
 def _model_identity(header: paramserver.ModelHeader) -> bytes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -351,7 +352,7 @@ class Worker:
             if not carry:
                 prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
             pushing = time.perf_counter()
-            pushed = await self._pushed(job, slots, pushes)
+            pushed = await self._pushed(job, step, slots, pushes)
         finally:
             if not pushed:  # failed or abandoned: drop the pushes and the read-only pull
                 for task in [*pushes, *([prefetch] if prefetch else [])]:
@@ -411,7 +412,7 @@ class Worker:
             self.on_step(step)
 
     async def _pushed(
-        self, job: JobState, slots: tuple[int, ...], pushes: list[asyncio.Future]
+        self, job: JobState, step: int, slots: tuple[int, ...], pushes: list[asyncio.Future]
     ) -> bool:
         """Wait for every push to the end, unless meanwhile the job's shard groups moved
         or the trainer was given a slot more (False: the step starts over).
@@ -426,7 +427,12 @@ class Worker:
         while pending:
             done, pending = await asyncio.wait(pending, timeout=PUSH_CHECK_S)
             for push in done:
-                push.result()
+                try:
+                    push.result()
+                except RpcError as err:
+                    if err.kind is ErrorKind.NON_FINITE:
+                        raise _not_finite(job, step, slots[pushes.index(push)]) from None
+                    raise
             why = self._pushes_moot(job, slots) if pending else None
             if why is not None:
                 logger.warning(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
@@ -474,6 +480,28 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
+
+
+def _not_finite(job: JobState, step: int, slot: int) -> usererrors.UserCodeError:
+    """A gradient the paramserver refused for NaN or Inf, as an error of the job's own.
+
+    Retrying cannot help when the weights themselves went non-finite (a learning rate
+    too large: every trainer computes NaN from them for ever), so it is reported like
+    an exception in the user's loss: the leader fails the job once two trainers report
+    it at one step, or one trainer three times. A single bad computation (a faulty
+    device) is reported once and the recomputed step goes through."""
+    largest = max((float(p.detach().abs().max()) for p in job.model.parameters() if p.numel()),
+                  default=0.0)  # fmt: skip
+    if math.isfinite(largest):  # the same weights on every trainer: the same message
+        message = (f"the gradient holds NaN or Inf; the weights it was computed from are "
+                   f"finite, the largest {largest:.3g} in magnitude")  # fmt: skip
+    else:
+        message = ("the gradient holds NaN or Inf, and so do the weights it was computed "
+                   "from: training diverged (a smaller learning rate, or gradient clipping, "
+                   "may keep it finite)")  # fmt: skip
+    error = usererrors.UserCodeError(usererrors.STEP, "NonFiniteGradient", message)
+    error.slot, error.step = slot, step
+    return error
 
 
 async def _abandon(task: asyncio.Future) -> None:

@@ -150,6 +150,10 @@ async def test_retried_mutations_act_once(cluster):
             )
         again = await client.cancel_job("j", "another reason", request_id="cancel-1")
         assert again.reason == "first reason" and again.update_time == cancelled.update_time
+        # one request id for another job is that job's own request: it is cancelled too
+        await client.create_job(job_spec(), job_id="k")
+        other = await client.cancel_job("k", "first reason", request_id="cancel-1")
+        assert (other.job_id, other.state) == ("k", coordinator.JOB_STATE_CANCELLED)
         for _ in range(2):
             node = await client.drain_node("w", request_id="drain-1")
             assert node.node_id == "w"

@@ -49,6 +49,13 @@ async def test_create_job_is_idempotent_and_pages(cluster):
         first = await client.create_job(job_spec(), request_id="req-1")
         again = await client.create_job(job_spec(), request_id="req-1")
         assert again.job_id == first.job_id and again.create_time == first.create_time
+        # the same request id with something else in it is not a retry
+        for other in ({"spec": job_spec(steps=7)}, {"spec": job_spec(), "job_id": "other"}):
+            with pytest.raises(RpcError) as info:
+                await client.create_job(other["spec"], job_id=other.get("job_id", ""),
+                                        request_id="req-1")  # fmt: skip
+            assert info.value.kind is ErrorKind.INVALID_ARGUMENT
+            assert f"admitted job {first.job_id!r} with another" in info.value.message
         with pytest.raises(RpcError) as info:
             await client.create_job(job_spec(), job_id=first.job_id, request_id="req-2")
         assert info.value.kind is ErrorKind.ALREADY_EXISTS

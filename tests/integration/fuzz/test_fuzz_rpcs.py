@@ -15,6 +15,7 @@ Generation is derandomized: a failure reproduces on every run and machine.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 
 from stalwart import cluster
 from stalwart.api import (
+    common,
     coordinator,
     coordinator_grpc,
     health,
@@ -36,6 +38,7 @@ from stalwart.api import (
     paramserver_grpc,
     trainer,
 )
+from stalwart.errors import ErrorKind, RpcError
 from stalwart.procs import start_service
 from tests.helpers import PRELOAD
 from tests.integration.fuzz import messages
@@ -216,3 +219,52 @@ _CHANNEL = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
 ]
+
+
+def _refusal(address: str, method: str, request) -> RpcError:
+    """The status a call to the coordinator at ``address`` was refused with."""
+    with grpc.insecure_channel(address, options=_CHANNEL) as channel:
+        stub = coordinator_grpc.CoordinatorServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            getattr(stub, method)(request, timeout=CALL_TIMEOUT_S)
+    return RpcError.from_grpc(info.value)
+
+
+_HUGE_ID = "j" * 200_000
+_NESTED_TOKEN = base64.urlsafe_b64encode(b'{"a":' * 5000).decode()
+_HUGE_LR = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=1e300)
+#: Requests a generator of random messages does not reach: (method, request, reason).
+HOSTILE = {
+    "huge-job-id": ("GetJob", coordinator.GetJobRequest(job_id=_HUGE_ID), "UNKNOWN_JOB"),
+    "huge-node-id": (
+        "Heartbeat",
+        coordinator.HeartbeatRequest(node_id=_HUGE_ID, epoch=1),
+        "UNKNOWN_NODE",
+    ),
+    "nested-page-token": (
+        "ListJobs",
+        coordinator.ListJobsRequest(page_token=_NESTED_TOKEN),
+        "INVALID_ARGUMENT",
+    ),
+    "num-shards-2^31": (
+        "CreateJob",
+        coordinator.CreateJobRequest(spec=coordinator.JobSpec(model="mlp", num_shards=2**31 - 1)),
+        "LIMIT_EXCEEDED",
+    ),
+    "lr-1e300": (
+        "CreateJob",
+        coordinator.CreateJobRequest(spec=coordinator.JobSpec(model="mlp", optimizer=_HUGE_LR)),
+        "INVALID_ARGUMENT",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_requests_get_their_code_and_reason(servers, case):
+    method, request, reason = HOSTILE[case]
+    before = _state(servers)
+    err = _refusal(servers.address("coordinator"), method, request)
+    assert (err.code, err.reason) == (ErrorKind[reason].code, reason), err
+    assert len(err.message) < 2000  # an echoed id is clipped, not sent whole
+    assert _state(servers) == before
+    assert _alive(servers.address("coordinator"))

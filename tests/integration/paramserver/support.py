@@ -183,10 +183,12 @@ async def pull_raw(
     min_version: int = 0,
     epoch: int = 1,
     timeout: float = TIMEOUT_S,
+    chunk_size: int = 0,
 ) -> tuple[int, dict[str, torch.Tensor]]:
     request = paramserver.PullRequest(
-        job_id=job_id, since_version=since_version, min_version=min_version, epoch=epoch
-    )
+        job_id=job_id, since_version=since_version, min_version=min_version, epoch=epoch,
+        chunk_size=chunk_size,
+    )  # fmt: skip
     header, assembler = None, None
     try:
         async for message in stub.Pull(request, timeout=timeout):

@@ -286,3 +286,23 @@ async def test_pushes_refused_at_their_header_arrive_with_the_status_sent(launch
             err = await expect_error(push_raw(stub, messages), Code.NOT_FOUND, "UNKNOWN_JOB")
             details.add(err.message)
         assert len(details) == 1 and "never-held" in details.pop()
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4095])
+async def test_a_pull_in_tiny_chunks_is_refused_and_the_floor_is_served(
+    shared_groups, chunk_size: int
+) -> None:
+    """Each chunk is a message of its own: chunk_size 1 made millions of them."""
+    group = shared_groups[0]
+    async with stubs() as stub_for:
+        job = await make_job(stub_for(group.primary.address), f"tiny-pull-{chunk_size}", "async")
+        err = await expect_error(
+            pull_raw(job.stub, job.job_id, chunk_size=chunk_size),
+            Code.INVALID_ARGUMENT, "INVALID_ARGUMENT",
+        )  # fmt: skip
+        assert "chunk_size" in err.message and str(chunk_size) in err.message
+        _, whole = await pull_raw(job.stub, job.job_id)
+        version, floor = await pull_raw(job.stub, job.job_id, chunk_size=4096)
+        assert version == job.version
+        assert floor.keys() == whole.keys()
+        assert all(torch.equal(floor[name], whole[name]) for name in whole)

@@ -39,6 +39,12 @@ def spec(**changes) -> coordinator.JobSpec:
         ({"dataset": "imagenet"}, ErrorKind.INVALID_ARGUMENT, "dataset"),
         ({"gradient_dtype": common.DTYPE_FLOAT16}, ErrorKind.INVALID_ARGUMENT, "gradient_dtype"),
         ({"gradient_dtype": 99}, ErrorKind.INVALID_ARGUMENT, "DTYPE_BFLOAT16"),
+        # finite doubles the paramserver's float32 step cannot hold, and infinities
+        ({"opt_lr": 1e300}, ErrorKind.INVALID_ARGUMENT, "finite in float32"),
+        ({"opt_weight_decay": float("inf")}, ErrorKind.INVALID_ARGUMENT, "weight_decay"),
+        ({"opt_weight_decay": 1e39}, ErrorKind.INVALID_ARGUMENT, "weight_decay"),
+        ({"num_shards": 2**31 - 1}, ErrorKind.LIMIT_EXCEEDED, "num_shards"),
+        ({"num_shards": jobspec.MAX_SHARDS + 1}, ErrorKind.LIMIT_EXCEEDED, "num_shards"),
     ],
 )
 def test_bad_specs(changes, kind, words):
@@ -52,6 +58,20 @@ def test_good_specs(model):
     s = spec(model=model)
     jobspec.validate_job_spec(s, 1024, 10**9)
     assert s.consistency.mode == common.CONSISTENCY_MODE_SYNC  # the default filled in
+
+
+@pytest.mark.parametrize("eps", [float("inf"), 1e39, float("nan")])
+def test_adam_eps_must_fit_float32(eps):
+    s = spec()
+    s.optimizer.Clear()
+    s.optimizer.MergeFrom(common.OptimizerSpec(kind=common.OPTIMIZER_KIND_ADAM, lr=1e-3, eps=eps))
+    with pytest.raises(StalwartError, match="eps must be >= 0 and finite in float32"):
+        jobspec.validate_job_spec(s, 1024, 10**9)
+
+
+def test_the_largest_values_allowed_are_valid():
+    s = spec(num_shards=jobspec.MAX_SHARDS, opt_lr=jobspec.FLOAT32_MAX)
+    jobspec.validate_job_spec(s, 1024, 10**9)
 
 
 def test_bfloat16_gradients_on_the_wire_are_a_valid_choice():
@@ -73,6 +93,13 @@ def test_pages_cover_everything_once_even_with_inserts():
 def test_bad_token():
     with pytest.raises(StalwartError):
         paging.page([1], lambda i: [i], 10, "not-base64!!")
+
+
+def test_a_deeply_nested_token_is_refused_not_a_crash():
+    token = paging.base64.urlsafe_b64encode(b'{"a":' * 5000).decode()
+    with pytest.raises(StalwartError) as err:
+        paging.page([1], lambda i: [i], 10, token)
+    assert err.value.kind is ErrorKind.INVALID_ARGUMENT and err.value.message == "bad page_token"
 
 
 def test_pages_are_the_full_sort_cut_in_pages():
