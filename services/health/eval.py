@@ -39,17 +39,20 @@ def load(
     horizon: float | None,
     csv_opts: dict | None = None,
 ):
+    if horizon is not None and not 0 < horizon < float("inf"):  # NaN fails it too
+        raise ValueError(f"--horizon must be above 0 and finite, got {horizon:g}")
     if name == "smd":
         return datasets.load_smd(machines)
     if name == "asd":
         return datasets.load_asd(machines)
     if name == "cmapss":
-        return datasets.load_cmapss(horizon or 30.0)
+        return datasets.load_cmapss(30.0 if horizon is None else horizon)
     if name == "transceiver":
         return transceiver.load_transceiver(seed)
-    if name.startswith(("csv:", "parquet:")):  # the file's suffix says which format
-        path = name.split(":", 1)[1]
-        return datasets.load_csv(path, horizon or 24.0, seed, **(csv_opts or {}))
+    if name.startswith(("csv:", "parquet:")):  # csv: the file's suffix says which format
+        kind, path = name.split(":", 1)
+        opts = {**(csv_opts or {}), "parquet": kind == "parquet" or None}
+        return datasets.load_csv(path, 24.0 if horizon is None else horizon, seed, **opts)
     raise ValueError(f"unknown dataset {name!r}: smd, asd, cmapss, transceiver or csv:PATH")
 
 

@@ -73,7 +73,15 @@ def features(x: np.ndarray, baseline: int, counters: list[int], lanes: list[list
     return np.column_stack(cols).astype(np.float32)
 
 
+MIN_TRAIN_ENTITIES = 3  # 80/20 into fit and validation: fewer leave validation empty
+
+
 def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    if n < MIN_TRAIN_ENTITIES:
+        raise ValueError(
+            f"{n} training entities: prediction needs at least {MIN_TRAIN_ENTITIES} (a fifth "
+            "of them, at least one, is held out to set the alarm threshold)"
+        )
     order = np.random.default_rng(seed).permutation(n)
     cut = int(round(0.8 * n))
     return np.sort(order[:cut]), np.sort(order[cut:])

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 MISSING = ("", "nan", "NaN", "NA")  # cells read as a missing value
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 _TIME = "a number or an ISO 8601 time"
 _TEXT = (pa.types.is_string, pa.types.is_large_string)
 
@@ -45,7 +46,10 @@ def parse_time(value: str, unit: float) -> float:
     try:
         return float(value) * unit
     except ValueError:
-        dt = datetime.fromisoformat(value.strip())
+        text = value.strip()
+        if text.endswith("z"):  # RFC 3339 allows a lowercase Z, fromisoformat does not
+            text = text[:-1] + "Z"
+        dt = datetime.fromisoformat(text)
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=UTC)
         return dt.timestamp() / 3600.0
@@ -61,12 +65,14 @@ def add_batch(ents: dict[str, EntityRows], batch, rows: np.ndarray, metrics: lis
     appearance (the order the evaluation lists entities in)."""
     if batch.num_rows == 0:
         return
-    col = {name: batch.column(name) for name in batch.schema.names}
+    col = {name: _decoded(batch.column(name)) for name in batch.schema.names}
     codes, names = _entities(col["entity"], rows, path)
     t = _times(col["timestamp"], "timestamp", unit, rows, path, allow_null=False)
     x = np.empty((batch.num_rows, len(metrics)), dtype=np.float32)
     for j, m in enumerate(metrics):
-        x[:, j] = _numbers(col[m], m, rows, path)
+        values = _numbers(col[m], m, rows, path)
+        _check_float32(values, col[m], m, rows, path)
+        x[:, j] = values
     if detection:
         labels = _labels(col["label"], rows, path)
     else:
@@ -84,6 +90,22 @@ def add_batch(ents: dict[str, EntityRows], batch, rows: np.ndarray, metrics: lis
         else:
             _failure(e, failure[idx], idx, rows, col["failure_time"], path)
         _split_rows(e, splits[idx], rows[idx])
+
+
+def _decoded(array):
+    """A dictionary-encoded column (a pandas categorical, pyarrow's dictionary) as its
+    plain values, so each type is checked and converted the one way."""
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
+
+
+def _check_float32(values: np.ndarray, array, name: str, rows: np.ndarray, path) -> None:
+    """Metric values are held as float32 (4 bytes a value): one beyond its range would
+    become infinite there, which no scaler can centre."""
+    beyond = np.flatnonzero(np.abs(values) > FLOAT32_MAX)
+    if beyond.size:
+        i = int(beyond[0])
+        raise bad_cell(path, rows[i], name, _text(_cell(array, i)),
+                       f"within float32's range (at most {FLOAT32_MAX:.4g} in magnitude)")  # fmt: skip
 
 
 def _is_text(array) -> bool:
@@ -226,8 +248,8 @@ def _coded(array, allowed: list[str], name: str, rows: np.ndarray, path, what: s
 
 def _labels(array, rows: np.ndarray, path) -> np.ndarray:
     if _is_text(array):
-        pos = _coded(array, ["", "0", "1"], "label", rows, path, "0 or 1")
-        return (pos == 2).astype(np.int8)
+        pos = _coded(array, ["", "0", "1", "0.0", "1.0"], "label", rows, path, "0 or 1")
+        return ((pos == 2) | (pos == 4)).astype(np.int8)  # 1.0: pandas' float labels
     values = _numbers(array, "label", rows, path)
     bad = np.flatnonzero(~(np.isnan(values) | (values == 0) | (values == 1)))
     if bad.size:

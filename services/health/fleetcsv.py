@@ -50,7 +50,9 @@ RESERVED = ("entity", "timestamp", "label", "failure_time", "split")
 TIME_UNITS = {"h": 1.0, "hours": 1.0, "s": 1 / 3600, "seconds": 1 / 3600, "ms": 1 / 3.6e6}
 PROFILES = ("transceiver",)
 _LANE = re.compile(r"^(.*)_(\d+)$")
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__")  # what pandas' to_parquet names its index
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files are read without a bar
+MIN_TRAIN_ROWS = 2  # per detection entity: detectors fit on 80% and set thresholds on the rest
 MISSED_POLLS_FREE = 1000  # missed polls any entity may have, whatever its length
 BLOCK_BYTES = 1 << 20
 """A CSV file is read in blocks of this many bytes, a batch each (about 8,000 rows of the
@@ -66,6 +68,7 @@ class CsvOptions:
     time_unit: str = "h"
     profile: str | None = None
     progress: bool = True
+    parquet: bool | None = None  # None: by the file's suffix (.parquet, .pq)
 
 
 class _Progress:
@@ -108,6 +111,12 @@ def check_header(path: Path, names: list[str], where: str) -> list[str]:
             f"{path}: {where}: need exactly one of the columns 'label' "
             "(detection) or 'failure_time' (prediction)"
         )
+    for i, c in enumerate(names):
+        if not c.strip() or _PANDAS_INDEX.fullmatch(c):
+            why = ("has no name: a comma at the end of every line, or pandas' index "
+                   "(write with index=False)?" if not c.strip()
+                   else f"{c!r} is pandas' index: write the file with index=False")  # fmt: skip
+            raise CsvError(f"{path}: {where}: column {i + 1} {why}")
     dup = sorted({c for c in names if names.count(c) > 1})
     if dup:
         raise CsvError(f"{path}: {where}: column '{dup[0]}' appears twice")
@@ -323,7 +332,8 @@ def load(path: str, opts: CsvOptions | None = None) -> DetectionSet | Prediction
         raise CsvError(f"fleet file {p} not found (schema: stalwart health eval --help)")
     from services.health import fleetparquet  # pyarrow only for Parquet files
 
-    read = fleetparquet.stream if fleetparquet.is_parquet(p) else _stream
+    parquet = fleetparquet.is_parquet(p) if opts.parquet is None else opts.parquet
+    read = fleetparquet.stream if parquet else _stream
     metrics, ents, detection = read(p, opts)
     if not ents:
         raise CsvError(f"{p}: no data rows after the header")
@@ -331,16 +341,10 @@ def load(path: str, opts: CsvOptions | None = None) -> DetectionSet | Prediction
         out = _detection(p, metrics, ents, opts.time_unit)
     else:
         out = _prediction(p, metrics, ents, opts)
+    out.name = f"{'parquet' if parquet else 'csv'}:{p.name}"  # as --dataset takes it
     del ents
     release_freed()  # the raw rows, freed entity by entity
     return out
-
-
-def _kind(file_name: str) -> str:
-    """The data set's name prefix, as ``--dataset`` takes it: parquet or csv."""
-    from services.health import fleetparquet
-
-    return "parquet" if fleetparquet.is_parquet(Path(file_name)) else "csv"
 
 
 def _detection(p: Path, metrics: list[str], ents: dict[str, EntityRows], unit: str) -> DetectionSet:
@@ -348,10 +352,20 @@ def _detection(p: Path, metrics: list[str], ents: dict[str, EntityRows], unit: s
     machines = []
     for ent, e in ents.items():
         _, x, y, tr = _blocks(p, ent, e, metrics, unit)
+        if (tr >= 0).any() and -1 in e.split_row:
+            raise CsvError(
+                f"{p}: row {e.split_row[-1]}, column 'split': empty, while other rows of "
+                f"entity '{ent}' have one; give every row of it train or test, or none"
+            )
         is_train = tr == 1 if (tr >= 0).any() else np.arange(len(x)) < len(x) // 2
         if not is_train.any() or is_train.all():
             raise CsvError(
                 f"{name}: entity '{ent}' has no {'test' if is_train.all() else 'train'} rows"
+            )
+        if is_train.sum() < MIN_TRAIN_ROWS:
+            raise CsvError(
+                f"{name}: entity '{ent}' has {is_train.sum()} training row(s): detection needs at least "
+                f"{MIN_TRAIN_ROWS} (one to fit on, one to set the threshold)"
             )
         # Detectors train unlabelled, so missing values are filled from the column
         # median of the training part (forward-fill would need an order-aware model).
@@ -362,7 +376,7 @@ def _detection(p: Path, metrics: list[str], ents: dict[str, EntityRows], unit: s
             med = np.nan_to_num(np.nanmedian(x[is_train], axis=0))
         x = np.where(np.isnan(x), med, x).astype(np.float32)
         machines.append(Machine(ent, x[is_train], x[~is_train], y[~is_train]))
-    return DetectionSet(f"{_kind(name)}:{name}", machines)
+    return DetectionSet(name, machines)
 
 
 def _entity_split(p: Path, ent: str, e: EntityRows) -> str | None:
@@ -407,6 +421,11 @@ def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions)
         t, x, _, _ = _blocks(p, ent, e, metrics, opts.time_unit)
         f = e.failure[0]
         keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)  # the dead module
+        if not keep.any():
+            raise CsvError(
+                f"{p}: row {e.failure[1]}, column 'failure_time': entity '{ent}' failed at or "
+                "before its first poll, so none of its rows comes before the failure"
+            )
         t, x = t[keep], x[keep]
         apart = _polls_apart(t, step)  # once, for the check and the filling
         _check_gaps(p, ent, t, apart, step, opts.time_unit)
@@ -430,7 +449,7 @@ def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions)
         notes["counters"] += [m for m in NOTES["counters"] if m in metrics]
         notes.update(profile="transceiver", lanes=_lanes(metrics))
     return PredictionSet(
-        name=f"{_kind(p.name)}:{p.name}",
+        name=p.name,
         channels=metrics,
         train=[e for e in out if split[e.name] == "train"],
         test=[e for e in out if split[e.name] == "test"],

@@ -70,6 +70,17 @@ PRED = "entity,timestamp,temp,failure_time"
              "m2,0,40,,test", "m2,1,40,,test"],
             "entity 'm1': its gaps would add 999,999,99",
         ),
+        ([PRED, "m1,0,40,", "m1,1,1e40,"], "row 3, column 'temp': '1e40' is not within float32"),
+        ([PRED, "m1,5,40,5", "m1,6,40,5", "m2,0,40,"],
+         "row 2, column 'failure_time': entity 'm1' failed at or before its first poll"),
+        ([",entity,timestamp,temp,failure_time", "0,m1,0,40,"], "column 1 has no name"),
+        ([PRED + ",", "m1,0,40,,"], "column 5 has no name: a comma at the end of every line"),
+        (["entity,timestamp,cpu,label,split", "m1,0,1,0,train", "m1,1,1,0,", "m1,2,1,0,test"],
+         "row 3, column 'split': empty, while other rows of entity 'm1' have one"),
+        (["entity,timestamp,cpu,label", "m1,0,1,0", "m1,1,2,0", "m1,2,5,1"],
+         "entity 'm1' has 1 training row(s): detection needs at least 2"),
+        ([PRED, *[f"m{k},{t},40,{30 if k == 0 else ''}" for k in range(2) for t in range(20)]],
+         "training entities: prediction needs at least 3"),
     ],
 )  # fmt: skip
 def test_bad_file_is_one_line_naming_row_and_column(tmp_path, capsys, lines, says):
@@ -80,6 +91,9 @@ def test_missing_file_and_bad_options(tmp_path, capsys):
     assert "not found" in _refused(capsys, tmp_path / "nope.csv")
     two_polls = _write(tmp_path, [PRED, "m1,0,40,", "m1,1,40,"])
     assert "the poll interval is 0 h" in _refused(capsys, two_polls, "--poll-interval", "0")
+    for horizon in ("0", "-5", "inf", "nan"):
+        said = _refused(capsys, two_polls, f"--horizon={horizon}")
+        assert said == f"Error: --horizon must be above 0 and finite, got {float(horizon):g}"
     with pytest.raises(fleetcsv.CsvError, match="--profile"):
         fleetcsv.load(str(_write(tmp_path, [PRED, "m1,0,1,"])), fleetcsv.CsvOptions(profile="x"))
 
@@ -292,3 +306,24 @@ def test_a_poll_sent_twice_is_one_poll(tmp_path):
     for a, b in zip(once.train + once.test, twice.train + twice.test, strict=True):
         assert a.name == b.name and a.t.tolist() == b.t.tolist()
         assert np.array_equal(a.x, b.x, equal_nan=True)
+
+
+def test_lowercase_z_and_float_labels_as_exports_write_them(tmp_path):
+    lines = ["entity,timestamp,cpu,label", *[f"m1,2026-01-01t{h:02d}:00:00z,{h % 3},0.0"
+                                            for h in range(10)], "m1,2026-01-01t10:00:00z,9,1.0"]  # fmt: skip
+    (m,) = fleetcsv.load(str(_write(tmp_path, lines)), fleetcsv.CsvOptions(progress=False)).machines
+    assert m.labels.tolist() == [0] * 5 + [1]
+
+
+def test_the_parquet_prefix_reads_parquet_whatever_the_suffix(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "export"  # no suffix: csv: would read it as text
+    rows = [(f"m{k}", float(t), 40.0 + t % 3) for k in range(4) for t in range(30)]
+    columns = dict(zip(["entity", "timestamp", "temp"], zip(*rows, strict=True), strict=True))
+    pq.write_table(pa.table({**columns, "failure_time": [None] * len(rows)}), path)
+    ds = health_eval.load(f"parquet:{path}", None, 0, None)
+    assert ds.name == "parquet:export" and len(ds.train) + len(ds.test) == 4
+    with pytest.raises(fleetcsv.CsvError, match="cannot be read"):
+        health_eval.load(f"csv:{path}", None, 0, None)

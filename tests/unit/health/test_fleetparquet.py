@@ -167,6 +167,9 @@ def _good(**override):
         ({"entity": pa.array([], pa.string()), "timestamp": pa.array([], pa.float64()),
           "temp": pa.array([], pa.float64()), "failure_time": pa.array([], pa.float64())},
          "no data rows"),
+        (_good(temp=[40.0, 1e300, 40.0]), "row 3, column 'temp': '1e+300' is not within float32"),
+        ({**_good(), "__index_level_0__": [0, 1, 2]},
+         "column 5 '__index_level_0__' is pandas' index: write the file with index=False"),
     ],
 )  # fmt: skip
 def test_bad_parquet_is_one_line_naming_row_and_column(tmp_path, capsys, columns, says):
@@ -189,3 +192,18 @@ def test_a_file_that_is_not_parquet_and_a_missing_one(tmp_path, capsys):
     junk.write_bytes(b"entity,timestamp\nm1,0\n")
     assert "not a readable Parquet file" in _refused(capsys, junk)
     assert "not found" in _refused(capsys, tmp_path / "nope.parquet")
+
+
+def test_dictionary_encoded_columns_read_as_their_values(tmp_path):
+    """pandas categoricals and Arrow dictionaries: times, metrics and labels as text."""
+    n = 30
+    p = _parquet(tmp_path, {
+        "entity": pa.array(["n1"] * n).dictionary_encode(),
+        "timestamp": pa.array([(T0 + timedelta(hours=i)).isoformat() for i in range(n)])
+        .dictionary_encode(),
+        "cpu": pa.array([str(i % 4) for i in range(n)]).dictionary_encode(),
+        "label": pa.array(["1" if i == 25 else "0" for i in range(n)]).dictionary_encode(),
+    })  # fmt: skip
+    (m,) = fleetcsv.load(str(p), fleetcsv.CsvOptions(progress=False)).machines
+    assert m.train[:, 0].tolist() == [float(i % 4) for i in range(15)]
+    assert m.labels.tolist() == [int(i == 25) for i in range(15, n)]
