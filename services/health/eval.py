@@ -239,9 +239,17 @@ def _span(xs: list[int]) -> str:
     return f"{xs[0]}-{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ",".join(map(str, xs))
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is one `Error:` line and exit 2, as bad data is (not argparse's usage)."""
+
+    def error(self, message: str):
+        print(f"Error: {message} (see stalwart health eval --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m services.health.eval",
+    ap = _OneLineErrors(
+        prog="stalwart health eval",
         description=__doc__,
         epilog=fleetcsv.SCHEMA,
         formatter_class=argparse.RawDescriptionHelpFormatter,

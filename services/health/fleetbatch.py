@@ -207,8 +207,9 @@ def _times(array, name: str, unit: float, rows: np.ndarray, path, allow_null: bo
     if pa.types.is_null(kind):
         hours = np.full(len(array), np.nan)
     elif pa.types.is_timestamp(kind) or pa.types.is_date(kind):
-        ns = array.cast(pa.timestamp("ns", tz=kind.tz if pa.types.is_timestamp(kind) else None))
-        values = ns.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64) / 3.6e12
+        # microseconds: nanoseconds end in 2262, and "9999-12-31" is a common "never"
+        us = array.cast(pa.timestamp("us", tz=kind.tz if pa.types.is_timestamp(kind) else None))
+        values = us.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64) / 3.6e9
         valid = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False))
         hours = np.where(valid, values, np.nan)
     elif _is_text(array):

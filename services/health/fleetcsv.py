@@ -16,6 +16,7 @@ import sys
 import warnings
 from array import array
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,8 @@ _PANDAS_INDEX = re.compile(r"__index_level_\d+__")  # what pandas' to_parquet na
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files are read without a bar
 MIN_TRAIN_ROWS = 2  # per detection entity: detectors fit on 80% and set thresholds on the rest
 MISSED_POLLS_FREE = 1000  # missed polls any entity may have, whatever its length
+_EPOCH_1990_H = 175_320.0  # hours from 1970 to 1990: later numbers read as dates too
+_EPOCH_9999_H = 70_000_000.0  # past year 9999 there is no date to show
 BLOCK_BYTES = 1 << 20
 """A CSV file is read in blocks of this many bytes, a batch each (about 8,000 rows of the
 transceiver export). Arrow's default; the read's peak grew with it (407 MiB max RSS
@@ -263,14 +266,24 @@ def _once_per_time(p: Path, ent: str, metrics: list[str], unit: str, t, x, lab, 
     if not same.all():
         i = int(np.argmin(same))
         column = metrics[int(np.argmin(same_x[i]))] if not same_x[i].all() else "label/split"
-        when = t[again[i]] / TIME_UNITS.get(unit, 1.0)
         raise CsvError(
-            f"{p}: entity '{ent}': two rows at timestamp {when:g} differ (column "
+            f"{p}: entity '{ent}': two rows at timestamp {_when(t[again[i]], unit)} differ (column "
             f"'{column}'): one row per poll, or drop the wrong one"
         )
     keep = np.ones(len(t), dtype=bool)
     keep[again] = False
     return t[keep], x[keep], (lab[keep] if lab.size else lab), tr[keep]
+
+
+def _when(hours: float, unit: str) -> str:
+    """A time as the file can be searched for it: its number in ``--time-unit`` with
+    every digit (epoch seconds in ``%g`` lost the last four), and, for a time from 1990
+    on, the UTC time it is (ISO 8601 input is read as hours since the epoch)."""
+    text = f"{hours / TIME_UNITS.get(unit, 1.0):.15g}"
+    if _EPOCH_1990_H <= hours < _EPOCH_9999_H:
+        iso = datetime.fromtimestamp(hours * 3600.0, UTC).isoformat(timespec="seconds")
+        text += f" ({iso.replace('+00:00', 'Z')})"
+    return text
 
 
 def _polls_apart(t: np.ndarray, step: float) -> np.ndarray:
@@ -293,10 +306,10 @@ def _check_gaps(p: Path, ent: str, t: np.ndarray, k: np.ndarray, step: float, un
     if missed <= max(len(t), MISSED_POLLS_FREE):
         return
     i = int(np.argmax(k))
-    per = TIME_UNITS.get(unit, 1.0)
     raise CsvError(
         f"{p}: entity '{ent}': its gaps would add {missed:,} missed polls to its "
-        f"{len(t):,} (the longest between timestamps {t[i] / per:g} and {t[i + 1] / per:g}, "
+        f"{len(t):,} (the longest between timestamps {_when(t[i], unit)} and "
+        f"{_when(t[i + 1], unit)}, "
         f"poll interval {step:g} h): is a timestamp wrong, or --time-unit or --poll-interval?"
     )
 

@@ -327,3 +327,17 @@ def test_the_parquet_prefix_reads_parquet_whatever_the_suffix(tmp_path):
     assert ds.name == "parquet:export" and len(ds.train) + len(ds.test) == 4
     with pytest.raises(fleetcsv.CsvError, match="cannot be read"):
         health_eval.load(f"csv:{path}", None, 0, None)
+
+
+def test_a_time_in_a_message_can_be_found_in_the_file(tmp_path, capsys):
+    lines = [PRED, "m1,1700000000,40,", "m1,1700000060,40,", "m1,1700000060,41,"]
+    said = _refused(capsys, _write(tmp_path, lines), "--time-unit", "s")
+    assert "two rows at timestamp 1700000060 (2023-11-14T22:14:20Z) differ" in said
+
+
+def test_a_bad_flag_is_one_line_too(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        health_eval.main(["--dataset", "csv:x.csv", "--poll-interval", "abc"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1
+    assert err[0].startswith("Error: argument --poll-interval: invalid float value: 'abc'")

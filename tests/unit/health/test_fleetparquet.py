@@ -207,3 +207,19 @@ def test_dictionary_encoded_columns_read_as_their_values(tmp_path):
     (m,) = fleetcsv.load(str(p), fleetcsv.CsvOptions(progress=False)).machines
     assert m.train[:, 0].tolist() == [float(i % 4) for i in range(15)]
     assert m.labels.tolist() == [int(i == 25) for i in range(15, n)]
+
+
+def test_timestamps_past_2262_read(tmp_path):
+    """Nanoseconds end in 2262; a far-future failure time stands for "never" in exports."""
+    n = 30
+    far = datetime(9999, 12, 31, tzinfo=UTC)
+    p = _parquet(tmp_path, {
+        "entity": [f"m{k}" for k in range(4) for _ in range(n)],
+        "timestamp": pa.array([T0 + timedelta(hours=i) for _ in range(4) for i in range(n)],
+                              pa.timestamp("ms", tz="UTC")),
+        "temp": [40.0 + i % 3 for _ in range(4) for i in range(n)],
+        "failure_time": pa.array([far] * (4 * n), pa.timestamp("ms", tz="UTC")),
+    })  # fmt: skip
+    ds = fleetcsv.load(str(p), fleetcsv.CsvOptions(progress=False))
+    failure = (ds.train + ds.test)[0].failure_time
+    assert failure == (far - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds() / 3600
