@@ -62,6 +62,7 @@ def build(settings: ParamServerSettings) -> ParamServer:
         chunk_bytes=settings.chunk_bytes,
         sync_wait_s=settings.sync_wait_seconds,
         faults=Faults.parse(settings.faults),
+        memory_budget=settings.memory_budget_bytes,
     )
 
 

@@ -48,6 +48,13 @@ class ParamServerSettings(ServiceSettings):
     max_tensor_elements: int = Field(default=1 << 31, ge=1)
     """Largest element count of one tensor."""
 
+    memory_budget_bytes: int = Field(default=0, ge=0)
+    """Most bytes the jobs on this replica may hold (parameters, optimizer state, a
+    step's buffers); RegisterModel of a model that would go past it is refused
+    LIMIT_EXCEEDED. 0: the memory the machine or container has available when the
+    model arrives, so a model too large is refused instead of the kernel's OOM
+    killer ending the process and every job it holds."""
+
     coordinator: str = ""
     """Comma-separated host:port of the coordinator replicas to register with and
     heartbeat to; empty runs the replica standalone (configured by its flags only)."""

@@ -216,7 +216,12 @@ class Worker:
             # duplicate, so forgetting costs a full pull, never a double update.
             job.version, job.next_version, job.prefetched = -1, 0, False
         if not job.registered:
-            await self._register(job)
+            try:
+                await self._register(job)
+            except RpcError as err:
+                if err.kind is not ErrorKind.LIMIT_EXCEEDED:
+                    raise
+                raise _too_large(err, slots_of(assignment)) from None
 
     def _build_job(self, assignment: coordinator.Assignment, shard_map: bytes) -> JobState:
         spec = assignment.spec
@@ -480,6 +485,23 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
+
+
+def _too_large(err: RpcError, slots: tuple[int, ...]) -> usererrors.UserCodeError:
+    """A model the paramservers refused for its size, as an error of the job's own: no
+    retry makes it smaller, so the leader fails the job once two trainers (or one,
+    three times) report it. The message must read the same from every trainer, so
+    the room the paramserver had, which changes, is left out of it."""
+    needed = err.metadata.get("needed_bytes")
+    message = (
+        f"the model needs about {int(needed) >> 20:,} MiB on a paramserver (parameters, "
+        "optimizer state and a step's buffers), more than it has room for"
+        if needed
+        else f"a paramserver refused the model: {err.message}"
+    )
+    error = usererrors.UserCodeError(usererrors.STEP, "ModelTooLarge", message)
+    error.slot, error.step = (slots[0] if slots else -1), 0
+    return error
 
 
 def _not_finite(job: JobState, step: int, slot: int) -> usererrors.UserCodeError:

@@ -32,13 +32,14 @@ def _spec(model: str, slots: int = 2) -> coordinator.JobSpec:
     return spec
 
 
-async def _cluster(procs, trainers: int):
+async def _cluster(procs, trainers: int, *paramserver_args: str):
     coord = procs.coordinator("c1")
     await wait_leader(coord.address)
     join = ("--coordinator", coord.address)
-    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join)
+    backup = procs.start("services.paramserver", "ps-b", "--role", "backup", *join,
+                         *paramserver_args)  # fmt: skip
     procs.start("services.paramserver", "ps-p", "--role", "primary", "--backups", backup.address,
-                *join)  # fmt: skip
+                *join, *paramserver_args)  # fmt: skip
     names = [f"tr{i}" for i in range(trainers)]
     started = [procs.trainer(name, *join) for name in names]
     return coord, started
@@ -120,4 +121,24 @@ async def test_a_job_whose_weights_diverge_fails_with_that_reason(cluster_procs)
         assert done.state == coordinator.JOB_STATE_FAILED, done
         assert "NonFiniteGradient: the gradient holds NaN or Inf" in done.reason, done.reason
         assert "the largest 1e+30 in magnitude" in done.reason and "(on 2 trainers)" in done.reason
+        assert all(proc.alive() for proc in trainers)
+
+
+async def test_a_model_too_large_for_the_paramservers_fails_its_job_and_no_other(cluster_procs):
+    """Refused at RegisterModel from its header, before a byte of it is read: the job
+    fails with the size in its reason, and the same paramservers train the next job."""
+    budget = 150 << 20  # the default mlp takes about 68 MiB there with Adam; hidden 2048 ~260
+    coord, trainers = await _cluster(cluster_procs, 2, "--memory-budget-bytes", str(budget))
+    async with CoordinatorClient(coord.address) as client:
+        await _registered(client, {"tr0", "tr1"})
+        large = _spec("mlp")
+        large.model_args["hidden"] = "2048"
+        job = await client.create_job(large, job_id="too-large")
+        done = await wait_job_done(client, job.job_id, 120)
+        assert done.state == coordinator.JOB_STATE_FAILED, done
+        assert "ModelTooLarge: the model needs about " in done.reason, done.reason
+        assert "MiB on a paramserver" in done.reason and "(on 2 trainers)" in done.reason
+        small = await client.create_job(_spec("mlp"), job_id="fits")
+        done = await wait_job_done(client, small.job_id, 180)
+        assert done.state == coordinator.JOB_STATE_SUCCEEDED, done
         assert all(proc.alive() for proc in trainers)

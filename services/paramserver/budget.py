@@ -1,0 +1,86 @@
+"""Whether a new job's model fits in this replica's memory. Pure but for reading it.
+
+A paramserver holds every job of its shard group in memory. A model too large for
+it (a typo in ``model_args``, or a hostile request) would otherwise be allocated
+until the kernel's OOM killer ended the process, and with it the state of every
+other job the replica holds. So RegisterModel reckons, from the header alone and
+before a byte of the model is read, what the job will hold, and refuses it
+(``LIMIT_EXCEEDED``) when that is more than the replica has room for: its
+``--memory-budget-bytes`` less what the jobs it holds take, or, with no budget
+set, the memory the machine (or the container's cgroup) has available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from stalwart import wiredtypes
+from stalwart.api import common, paramserver
+from stalwart.errors import ErrorKind, StalwartError
+
+# Besides the parameters and the optimizer's state, a job holds about two more
+# copies of its parameters: the sum a synchronous step builds from the slots'
+# pushes, and the serialized chunks of the last pull, kept to answer the next.
+STEP_COPIES = 2
+MIB = 1 << 20
+
+
+def optimizer_copies(spec: common.OptimizerSpec) -> int:
+    """Copies of the parameters the optimizer keeps: Adam's two moments, SGD's momentum."""
+    if spec.kind in (common.OPTIMIZER_KIND_ADAM, common.OPTIMIZER_KIND_ADAMW):
+        return 2
+    return 1 if spec.momentum > 0 else 0
+
+
+def footprint(header: paramserver.ModelHeader) -> int:
+    """Bytes a job with this model header will hold on a replica, about."""
+    params = sum(wiredtypes.tensor_nbytes(t) for t in header.tensors)
+    return params * (1 + optimizer_copies(header.optimizer) + STEP_COPIES)
+
+
+def check_room(header: paramserver.ModelHeader, room: int) -> None:
+    """Refuse a model whose footprint is more than ``room`` bytes."""
+    needed = footprint(header)
+    if needed > room:
+        raise StalwartError(
+            ErrorKind.LIMIT_EXCEEDED,
+            f"job {header.job_id!r}'s model needs about {needed // MIB:,} MiB here "
+            "(parameters, optimizer state and a step's buffers), and this paramserver "
+            f"has {max(room, 0) // MIB:,} MiB of room",
+            job=header.job_id,
+            needed_bytes=needed,
+        )
+
+
+def room(budget: int, held: Iterable[paramserver.ModelHeader]) -> int:
+    """Bytes left for a new job: the budget less the held jobs' footprints, or (budget
+    0) the memory available now, which already counts what the held jobs take."""
+    if budget:
+        return budget - sum(footprint(h) for h in held)
+    return available_bytes()
+
+
+def available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """MemAvailable, or less where a cgroup (v2) limit leaves less."""
+    available = _meminfo_available(proc / "meminfo")
+    limit, used = _read_int(cgroup / "memory.max"), _read_int(cgroup / "memory.current")
+    if limit is not None and used is not None:
+        available = min(available, limit - used)
+    return available
+
+
+def _meminfo_available(path: Path) -> int:
+    for line in path.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise OSError(f"no MemAvailable in {path}")
+
+
+def _read_int(path: Path) -> int | None:
+    """An integer file's value; None when it is absent or says "max" (no limit)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

@@ -1,0 +1,55 @@
+"""How much a job's model takes on a paramserver, and whether it has room for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.paramserver import budget
+from stalwart.api import common, paramserver
+from stalwart.errors import ErrorKind, StalwartError
+
+MIB = 1 << 20
+
+
+def header(params_mib: int, kind=common.OPTIMIZER_KIND_ADAM, momentum=0.0, job="j"):
+    return paramserver.ModelHeader(
+        job_id=job,
+        optimizer=common.OptimizerSpec(kind=kind, lr=0.1, momentum=momentum),
+        tensors=[
+            common.TensorSpec(name="w", dtype=common.DTYPE_FLOAT32, shape=[params_mib, MIB // 4])
+        ],  # fmt: skip
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "momentum", "copies"),
+    [(common.OPTIMIZER_KIND_ADAM, 0.0, 5), (common.OPTIMIZER_KIND_ADAMW, 0.0, 5),
+     (common.OPTIMIZER_KIND_SGD, 0.9, 4), (common.OPTIMIZER_KIND_SGD, 0.0, 3)],
+)  # fmt: skip
+def test_the_footprint_counts_optimizer_state_and_step_buffers(kind, momentum, copies):
+    assert budget.footprint(header(10, kind, momentum)) == copies * 10 * MIB
+
+
+def test_a_budget_is_shared_by_the_jobs_held():
+    held = [header(10), header(4, common.OPTIMIZER_KIND_SGD)]  # 50 + 12 MiB
+    assert budget.room(100 * MIB, held) == 38 * MIB
+    budget.check_room(header(7), 38 * MIB)  # 35 MiB fits
+    with pytest.raises(StalwartError) as refused:
+        budget.check_room(header(8, job="big"), 38 * MIB)  # 40 MiB does not
+    err = refused.value
+    assert err.kind is ErrorKind.LIMIT_EXCEEDED and err.metadata["needed_bytes"] == str(40 * MIB)
+    assert "job 'big''s model needs about 40 MiB here" in err.message
+    assert "has 38 MiB of room" in err.message
+
+
+def test_without_a_budget_the_room_is_what_is_available(tmp_path):
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    proc.mkdir()
+    cgroup.mkdir()
+    (proc / "meminfo").write_text("MemTotal: 24000000 kB\nMemAvailable: 1000 kB\n")
+    assert budget.available_bytes(proc, cgroup) == 1000 * 1024  # no cgroup files
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text("5000\n")
+    assert budget.available_bytes(proc, cgroup) == 1000 * 1024  # a cgroup without a limit
+    (cgroup / "memory.max").write_text("105000\n")
+    assert budget.available_bytes(proc, cgroup) == 100_000  # the container's limit is less
