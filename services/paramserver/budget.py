@@ -62,12 +62,27 @@ def room(budget: int, held: Iterable[paramserver.ModelHeader]) -> int:
 
 
 def available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """MemAvailable, or less where a cgroup (v2) limit leaves less."""
+    """MemAvailable, or less where a cgroup (v2) limit leaves less. The cgroup's use
+    is counted as the kubelet counts its working set: without the inactive page cache,
+    which the kernel drops before it kills anything."""
     available = _meminfo_available(proc / "meminfo")
     limit, used = _read_int(cgroup / "memory.max"), _read_int(cgroup / "memory.current")
     if limit is not None and used is not None:
+        used -= _stat(cgroup / "memory.stat", "inactive_file")
         available = min(available, limit - used)
     return available
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def _meminfo_available(path: Path) -> int:

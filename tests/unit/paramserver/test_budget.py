@@ -53,3 +53,5 @@ def test_without_a_budget_the_room_is_what_is_available(tmp_path):
     assert budget.available_bytes(proc, cgroup) == 1000 * 1024  # a cgroup without a limit
     (cgroup / "memory.max").write_text("105000\n")
     assert budget.available_bytes(proc, cgroup) == 100_000  # the container's limit is less
+    (cgroup / "memory.stat").write_text("anon 3000\ninactive_file 2000\nactive_file 0\n")
+    assert budget.available_bytes(proc, cgroup) == 102_000  # page cache it can drop is room
