@@ -13,11 +13,11 @@ set, the memory the machine (or the container's cgroup) has available.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from stalwart import wiredtypes
 from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
+from stalwart.meminfo import available_bytes
 
 # Besides the parameters and the optimizer's state, a job holds about two more
 # copies of its parameters: the sum a synchronous step builds from the slots'
@@ -59,43 +59,3 @@ def room(budget: int, held: Iterable[paramserver.ModelHeader]) -> int:
     if budget:
         return budget - sum(footprint(h) for h in held)
     return available_bytes()
-
-
-def available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """MemAvailable, or less where a cgroup (v2) limit leaves less. The cgroup's use
-    is counted as the kubelet counts its working set: without the inactive page cache,
-    which the kernel drops before it kills anything."""
-    available = _meminfo_available(proc / "meminfo")
-    limit, used = _read_int(cgroup / "memory.max"), _read_int(cgroup / "memory.current")
-    if limit is not None and used is not None:
-        used -= _stat(cgroup / "memory.stat", "inactive_file")
-        available = min(available, limit - used)
-    return available
-
-
-def _stat(path: Path, key: str) -> int:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return 0
-    for line in lines:
-        name, _, value = line.partition(" ")
-        if name == key and value.strip().isdigit():
-            return int(value)
-    return 0
-
-
-def _meminfo_available(path: Path) -> int:
-    for line in path.read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024  # kB
-    raise OSError(f"no MemAvailable in {path}")
-
-
-def _read_int(path: Path) -> int | None:
-    """An integer file's value; None when it is absent or says "max" (no limit)."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None

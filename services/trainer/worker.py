@@ -29,7 +29,7 @@ from services.trainer import phases
 from services.trainer.evaluation import Evaluator
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
-from stalwart import abft, schedule, sdc, training, usererrors
+from stalwart import abft, meminfo, schedule, sdc, training, usererrors
 from stalwart.api import coordinator
 from stalwart.client.paramserver import ParamServerClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
@@ -232,6 +232,7 @@ class Worker:
                 raise usererrors.UserCodeError(
                     usererrors.IMPORT, "ModelError", err.message
                 ) from None
+            _check_room(task, spec, slots_of(assignment))
             model = task.build_model(spec.seed).to(self.device)
         if spec.abft:  # checksums only read the layers' values: gradients stay bitwise equal
             self.abft_stats, _ = abft.protect(model)
@@ -485,6 +486,37 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
+
+
+TRAINER_COPIES = 3  # of the parameters a trainer holds: the weights, a gradient, a pull
+
+
+def _meta_bytes(task: Task, seed: int) -> int | None:
+    """The model's parameter and buffer bytes, from a build on torch's meta device
+    (shapes only, nothing allocated); None when the model cannot be built there."""
+    try:
+        with torch.device("meta"):
+            model = task.build_model(seed)
+    except Exception:  # noqa: BLE001 - the real build reports the model's own errors
+        return None
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _check_room(task: Task, spec: coordinator.JobSpec, slots: tuple[int, ...]) -> None:
+    """Refuse to build a model this machine has no memory for: allocating it would have
+    the kernel's OOM killer end the trainer, and then the next trainer given its slot."""
+    params = _meta_bytes(task, spec.seed)
+    if params is None or TRAINER_COPIES * params <= meminfo.available_bytes():
+        return
+    error = usererrors.UserCodeError(
+        usererrors.STEP,
+        "ModelTooLarge",
+        f"the model holds {params >> 20:,} MiB of parameters and buffers; a trainer needs "
+        f"about {TRAINER_COPIES} times that, more memory than this one has available",
+    )
+    error.slot, error.step = (slots[0] if slots else -1), 0
+    raise error
 
 
 def _too_large(err: RpcError, slots: tuple[int, ...]) -> usererrors.UserCodeError:

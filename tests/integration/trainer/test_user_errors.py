@@ -142,3 +142,21 @@ async def test_a_model_too_large_for_the_paramservers_fails_its_job_and_no_other
         done = await wait_job_done(client, small.job_id, 180)
         assert done.state == coordinator.JOB_STATE_SUCCEEDED, done
         assert all(proc.alive() for proc in trainers)
+
+
+async def test_a_model_too_large_for_the_trainers_is_never_allocated(cluster_procs):
+    """hidden 65536 in 16 layers: 240 GiB of weights, and a trainer needs three times
+    that: more than any machine that runs this suite has. Measured on torch's meta
+    device, nothing allocated."""
+    coord, trainers = await _cluster(cluster_procs, 2)
+    async with CoordinatorClient(coord.address) as client:
+        await _registered(client, {"tr0", "tr1"})
+        huge = _spec("mlp")
+        huge.model_args.update(hidden="65536", layers="16")
+        job = await client.create_job(huge, job_id="huge")
+        done = await wait_job_done(client, job.job_id, 120)
+        assert done.state == coordinator.JOB_STATE_FAILED, done
+        assert "ModelTooLarge: the model holds 245,830 MiB" in done.reason, done.reason
+        assert "MiB of parameters and buffers; a trainer needs about 3 times" in done.reason
+        assert "more memory than this one has available (on 2 trainers)" in done.reason
+        assert all(proc.alive() for proc in trainers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.paramserver import budget
+from stalwart import meminfo
 from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -47,11 +48,11 @@ def test_without_a_budget_the_room_is_what_is_available(tmp_path):
     proc.mkdir()
     cgroup.mkdir()
     (proc / "meminfo").write_text("MemTotal: 24000000 kB\nMemAvailable: 1000 kB\n")
-    assert budget.available_bytes(proc, cgroup) == 1000 * 1024  # no cgroup files
+    assert meminfo.available_bytes(proc, cgroup) == 1000 * 1024  # no cgroup files
     (cgroup / "memory.max").write_text("max\n")
     (cgroup / "memory.current").write_text("5000\n")
-    assert budget.available_bytes(proc, cgroup) == 1000 * 1024  # a cgroup without a limit
+    assert meminfo.available_bytes(proc, cgroup) == 1000 * 1024  # a cgroup without a limit
     (cgroup / "memory.max").write_text("105000\n")
-    assert budget.available_bytes(proc, cgroup) == 100_000  # the container's limit is less
+    assert meminfo.available_bytes(proc, cgroup) == 100_000  # the container's limit is less
     (cgroup / "memory.stat").write_text("anon 3000\ninactive_file 2000\nactive_file 0\n")
-    assert budget.available_bytes(proc, cgroup) == 102_000  # page cache it can drop is room
+    assert meminfo.available_bytes(proc, cgroup) == 102_000  # page cache it can drop is room

@@ -1,0 +1,50 @@
+"""The memory this process can still take, read from the kernel (no torch, no psutil).
+
+Paramservers check a new job's model against it before allocating a byte of it,
+and trainers before building it: past it, the kernel's OOM killer ends a process,
+and with a paramserver every job it holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """MemAvailable, or less where a cgroup (v2) limit leaves less. The cgroup's use
+    is counted as the kubelet counts its working set: without the inactive page cache,
+    which the kernel drops before it kills anything."""
+    available = _meminfo_available(proc / "meminfo")
+    limit, used = _read_int(cgroup / "memory.max"), _read_int(cgroup / "memory.current")
+    if limit is not None and used is not None:
+        used -= _stat(cgroup / "memory.stat", "inactive_file")
+        available = min(available, limit - used)
+    return available
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _meminfo_available(path: Path) -> int:
+    for line in path.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise OSError(f"no MemAvailable in {path}")
+
+
+def _read_int(path: Path) -> int | None:
+    """An integer file's value; None when it is absent or says "max" (no limit)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
