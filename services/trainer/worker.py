@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,11 +24,11 @@ from dataclasses import dataclass
 import structlog
 import torch
 
-from services.trainer import phases
+from services.trainer import joberrors, phases
 from services.trainer.evaluation import Evaluator
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
-from stalwart import abft, meminfo, schedule, sdc, training, usererrors
+from stalwart import abft, schedule, sdc, training, usererrors
 from stalwart.api import coordinator
 from stalwart.client.paramserver import ParamServerClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
@@ -221,7 +220,7 @@ class Worker:
             except RpcError as err:
                 if err.kind is not ErrorKind.LIMIT_EXCEEDED:
                     raise
-                raise _too_large(err, slots_of(assignment)) from None
+                raise joberrors.too_large(err, slots_of(assignment)) from None
 
     def _build_job(self, assignment: coordinator.Assignment, shard_map: bytes) -> JobState:
         spec = assignment.spec
@@ -232,7 +231,7 @@ class Worker:
                 raise usererrors.UserCodeError(
                     usererrors.IMPORT, "ModelError", err.message
                 ) from None
-            _check_room(task, spec, slots_of(assignment))
+            joberrors.check_room(task, spec, slots_of(assignment))
             model = task.build_model(spec.seed).to(self.device)
         if spec.abft:  # checksums only read the layers' values: gradients stay bitwise equal
             self.abft_stats, _ = abft.protect(model)
@@ -437,7 +436,9 @@ class Worker:
                     push.result()
                 except RpcError as err:
                     if err.kind is ErrorKind.NON_FINITE:
-                        raise _not_finite(job, step, slots[pushes.index(push)]) from None
+                        raise joberrors.not_finite(
+                            job.model, step, slots[pushes.index(push)]
+                        ) from None
                     raise
             why = self._pushes_moot(job, slots) if pending else None
             if why is not None:
@@ -486,76 +487,6 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
-
-
-TRAINER_COPIES = 3  # of the parameters a trainer holds: the weights, a gradient, a pull
-
-
-def _meta_bytes(task: Task, seed: int) -> int | None:
-    """The model's parameter and buffer bytes, from a build on torch's meta device
-    (shapes only, nothing allocated); None when the model cannot be built there."""
-    try:
-        with torch.device("meta"):
-            model = task.build_model(seed)
-    except Exception:  # noqa: BLE001 - the real build reports the model's own errors
-        return None
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _check_room(task: Task, spec: coordinator.JobSpec, slots: tuple[int, ...]) -> None:
-    """Refuse to build a model this machine has no memory for: allocating it would have
-    the kernel's OOM killer end the trainer, and then the next trainer given its slot."""
-    params = _meta_bytes(task, spec.seed)
-    if params is None or TRAINER_COPIES * params <= meminfo.available_bytes():
-        return
-    error = usererrors.UserCodeError(
-        usererrors.STEP,
-        "ModelTooLarge",
-        f"the model holds {params >> 20:,} MiB of parameters and buffers; a trainer needs "
-        f"about {TRAINER_COPIES} times that, more memory than this one has available",
-    )
-    error.slot, error.step = (slots[0] if slots else -1), 0
-    raise error
-
-
-def _too_large(err: RpcError, slots: tuple[int, ...]) -> usererrors.UserCodeError:
-    """A model the paramservers refused for its size, as an error of the job's own: no
-    retry makes it smaller, so the leader fails the job once two trainers (or one,
-    three times) report it. The message must read the same from every trainer, so
-    the room the paramserver had, which changes, is left out of it."""
-    needed = err.metadata.get("needed_bytes")
-    message = (
-        f"the model needs about {int(needed) >> 20:,} MiB on a paramserver (parameters, "
-        "optimizer state and a step's buffers), more than it has room for"
-        if needed
-        else f"a paramserver refused the model: {err.message}"
-    )
-    error = usererrors.UserCodeError(usererrors.STEP, "ModelTooLarge", message)
-    error.slot, error.step = (slots[0] if slots else -1), 0
-    return error
-
-
-def _not_finite(job: JobState, step: int, slot: int) -> usererrors.UserCodeError:
-    """A gradient the paramserver refused for NaN or Inf, as an error of the job's own.
-
-    Retrying cannot help when the weights themselves went non-finite (a learning rate
-    too large: every trainer computes NaN from them for ever), so it is reported like
-    an exception in the user's loss: the leader fails the job once two trainers report
-    it at one step, or one trainer three times. A single bad computation (a faulty
-    device) is reported once and the recomputed step goes through."""
-    largest = max((float(p.detach().abs().max()) for p in job.model.parameters() if p.numel()),
-                  default=0.0)  # fmt: skip
-    if math.isfinite(largest):  # the same weights on every trainer: the same message
-        message = (f"the gradient holds NaN or Inf; the weights it was computed from are "
-                   f"finite, the largest {largest:.3g} in magnitude")  # fmt: skip
-    else:
-        message = ("the gradient holds NaN or Inf, and so do the weights it was computed "
-                   "from: training diverged (a smaller learning rate, or gradient clipping, "
-                   "may keep it finite)")  # fmt: skip
-    error = usererrors.UserCodeError(usererrors.STEP, "NonFiniteGradient", message)
-    error.slot, error.step = slot, step
-    return error
 
 
 async def _abandon(task: asyncio.Future) -> None:
