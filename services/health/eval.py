@@ -41,6 +41,8 @@ def load(
 ):
     if horizon is not None and not 0 < horizon < float("inf"):  # NaN fails it too
         raise ValueError(f"--horizon must be above 0 and finite, got {horizon:g}")
+    if machines is not None and name not in ("smd", "asd"):
+        raise ValueError(f"--machines is for smd and asd; {name} is evaluated whole")
     if name == "smd":
         return datasets.load_smd(machines)
     if name == "asd":
@@ -256,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--output", choices=["table", "json"], default="table")
-    ap.add_argument("--machines", nargs="*", default=None)
+    ap.add_argument(
+        "--machines", nargs="*", default=None, help="smd, asd: evaluate only these machines"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--holdout-machines",

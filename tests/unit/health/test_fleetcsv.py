@@ -91,6 +91,11 @@ def test_missing_file_and_bad_options(tmp_path, capsys):
     assert "not found" in _refused(capsys, tmp_path / "nope.csv")
     two_polls = _write(tmp_path, [PRED, "m1,0,40,", "m1,1,40,"])
     assert "the poll interval is 0 h" in _refused(capsys, two_polls, "--poll-interval", "0")
+    said = _refused(capsys, two_polls, "--machines", "m1")
+    assert (
+        said
+        == "Error: --machines is for smd and asd; csv:" + str(two_polls) + " is evaluated whole"
+    )
     for horizon in ("0", "-5", "inf", "nan"):
         said = _refused(capsys, two_polls, f"--horizon={horizon}")
         assert said == f"Error: --horizon must be above 0 and finite, got {float(horizon):g}"
