@@ -39,13 +39,17 @@ def save(
 
 def load(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensors of a file written by :func:`save` (safetensors, or torch with weights_only)."""
+    from safetensors import SafetensorError
+
     try:
         if str(path).endswith(".safetensors"):
             from safetensors.torch import load_file
 
             return load_file(str(path))
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError) as exc:  # missing, unreadable or not tensors
+    # missing, unreadable or not tensors; a file that is no safetensors at all raises
+    # SafetensorError, which ended the trainer that read it
+    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
         message = f"cannot read weights {path}: {exc}"
         raise StalwartError(ErrorKind.INVALID_ARGUMENT, message) from exc
 

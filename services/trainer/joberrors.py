@@ -18,7 +18,7 @@ import torch
 
 from stalwart import meminfo, usererrors
 from stalwart.api import coordinator
-from stalwart.errors import RpcError
+from stalwart.errors import RpcError, StalwartError
 from stalwart.models import Task
 
 
@@ -56,6 +56,12 @@ def check_room(task: Task, spec: coordinator.JobSpec, slots: tuple[int, ...]) ->
         slots[0] if slots else -1,
         step=0,
     )
+
+
+def cannot_run(err: StalwartError, slots: tuple[int, ...]) -> usererrors.UserCodeError:
+    """A spec this trainer refused to run (``init_from`` unreadable or of another model):
+    before, the trainer only logged it and kept the slot, and the job stood RUNNING."""
+    return _job_error("JobSpecError", err.message, slots[0] if slots else -1, step=0)
 
 
 def too_large(err: RpcError, slots: tuple[int, ...]) -> usererrors.UserCodeError:

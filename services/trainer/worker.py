@@ -154,7 +154,14 @@ class Worker:
                 await self._follow()
             else:
                 await self._step(slots_of(assignment))
-        except (RpcError, StalwartError) as err:
+        except StalwartError as err:
+            if err.kind is not ErrorKind.INVALID_ARGUMENT:
+                await self._on_error(err)
+            else:  # the spec asks what cannot be done here (init_from unreadable...)
+                await self._on_user_error(
+                    assignment, joberrors.cannot_run(err, slots_of(assignment))
+                )
+        except RpcError as err:
             await self._on_error(err)
         except usererrors.UserCodeError as err:
             await self._on_user_error(assignment, err)
@@ -180,11 +187,6 @@ class Worker:
     async def _on_error(self, err: RpcError | StalwartError) -> None:
         if err.kind is ErrorKind.UNKNOWN_JOB and self.job is not None:
             self.job.registered = False  # the paramservers lost it: register again
-        if err.kind is ErrorKind.INVALID_ARGUMENT and isinstance(err, StalwartError):
-            # The spec names a model this node cannot run; nothing will change that.
-            logger.error("cannot run the assignment", error=str(err))
-            self.finished_jobs.add(self.desired.job_id if self.desired else "")
-            return
         logger.warning("step failed; retrying", error=str(err), kind=err.kind.reason)
         await self._wait_changed(RETRY_PAUSE_S)
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from stalwart import models
 from stalwart.api import common, coordinator
@@ -159,4 +160,29 @@ async def test_a_model_too_large_for_the_trainers_is_never_allocated(cluster_pro
         assert "ModelTooLarge: the model holds 245,830 MiB" in done.reason, done.reason
         assert "MiB of parameters and buffers; a trainer needs about 3 times" in done.reason
         assert "more memory than this one has available (on 2 trainers)" in done.reason
+        assert all(proc.alive() for proc in trainers)
+
+
+@pytest.mark.parametrize("kind", ["not-safetensors", "another-model"])
+async def test_init_from_weights_that_cannot_be_used_fail_the_job(cluster_procs, tmp_path, kind):
+    """Before, a file that is no safetensors at all ended the trainer that read it, and
+    one of another model's shapes left the job RUNNING at step 0 for good."""
+    path = tmp_path / "weights.safetensors"
+    if kind == "not-safetensors":
+        path.write_bytes(b"\xff" * 64)
+        words = "JobSpecError: cannot read weights"
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"net.0.weight": torch.zeros(3, 3)}, str(path))
+        words = "JobSpecError: "
+    coord, trainers = await _cluster(cluster_procs, 2)
+    spec = _spec("mlp")
+    spec.init_from = str(path)
+    async with CoordinatorClient(coord.address) as client:
+        await _registered(client, {"tr0", "tr1"})
+        job = await client.create_job(spec, job_id=kind)
+        done = await wait_job_done(client, job.job_id, 120)
+        assert done.state == coordinator.JOB_STATE_FAILED, done
+        assert words in done.reason and "(on 2 trainers)" in done.reason, done.reason
         assert all(proc.alive() for proc in trainers)
