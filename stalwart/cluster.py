@@ -580,10 +580,24 @@ def find_run(run_dir: Path | None = None, runs_root: Path = DEFAULT_RUNS_ROOT) -
     return link.resolve()
 
 
-def stop_run(run_dir: Path, timeout_s: float = 15.0) -> LocalCluster:
-    """Stop the processes a state file lists that are still ours; mark it stopped."""
+def live_run(runs_root: Path = DEFAULT_RUNS_ROOT) -> LocalCluster | None:
+    """The cluster ``<runs_root>/latest`` describes, if any of its processes still runs:
+    a second ``up`` would move ``latest`` away from it, and no ``down`` would reach it."""
+    link = Path(runs_root) / LATEST
+    if not link.exists():
+        return None
+    try:
+        cluster = load(link.resolve())
+    except ClusterError:  # a run that never got as far as its state file
+        return None
+    return cluster if any(_is_ours(m) for m in cluster.members) else None
+
+
+def stop_run(run_dir: Path, timeout_s: float = 15.0) -> tuple[LocalCluster, int]:
+    """Stop the processes a state file lists that are still ours; mark it stopped.
+    Returns the cluster and how many of its processes were still running."""
     cluster = load(run_dir)
-    stop_members(cluster.members, timeout_s)
+    running = stop_members(cluster.members, timeout_s)
     if cluster.launcher is not None:  # last: a member it forked is not its business now
         cluster.launcher.stop()
     cluster.stopped_at = time.time()
@@ -591,11 +605,12 @@ def stop_run(run_dir: Path, timeout_s: float = 15.0) -> LocalCluster:
     cluster.save()
     if cluster.owns_store:
         remove_store(cluster.store_url)
-    return cluster
+    return cluster, running
 
 
-def stop_members(members: Sequence[Member], timeout_s: float) -> None:
-    """SIGTERM (graceful) to each live member, then SIGKILL whatever outlives ``timeout_s``.
+def stop_members(members: Sequence[Member], timeout_s: float) -> int:
+    """SIGTERM (graceful) to each live member, then SIGKILL whatever outlives ``timeout_s``;
+    returns how many were live.
 
     Trainers first, coordinators last, but without waiting in between: all get
     the signal within milliseconds and shut down in parallel.
@@ -610,6 +625,7 @@ def stop_members(members: Sequence[Member], timeout_s: float) -> None:
     for m in live:
         if _is_ours(m):
             _signal_group(m.pid, signal.SIGKILL)
+    return len(live)
 
 
 def _is_ours(member: Member) -> bool:

@@ -69,6 +69,10 @@ def up(
     """Start 2 coordinators, paramserver groups, trainers, standbys and the health service
     as local processes."""
     device = check_device(device, trainers + standbys)
+    running = cluster.live_run(runs_root)
+    if running is not None:
+        fail(f"a cluster is already up in {running.run_dir}: stalwart down first, or give "
+             "another --runs-root", ExitCode.INVALID_INPUT)  # fmt: skip
     config = cluster.ClusterConfig(
         trainers=trainers, standbys=standbys, shards=shards, backups=backups,
         store_url=store_url, runs_root=runs_root, start_timeout_s=timeout, health=health,
@@ -124,10 +128,11 @@ def down(
     """Stop a local cluster (SIGTERM, then SIGKILL after --timeout) and free its store."""
     try:
         folder = cluster.find_run(run_dir, runs_root)
-        local = cluster.stop_run(folder, timeout)
+        local, running = cluster.stop_run(folder, timeout)
     except cluster.ClusterError as exc:
         fail(str(exc), ExitCode.INVALID_INPUT)
-    stopped = f"stopped {len(local.members)} processes of {local.run_dir}"
+    stopped = (f"stopped {running} of the {len(local.members)} processes of {local.run_dir}"
+               if running else f"nothing was running in {local.run_dir}")  # fmt: skip
     emit(output, cluster_data(local), lambda: Console().print(stopped))
 
 

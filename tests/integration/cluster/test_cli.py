@@ -91,9 +91,19 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
         bad = stalwart("job", "submit", "--optimizer", "sgd", "--momentum", "1.5", *target)
         assert bad.returncode == EXIT_INVALID_INPUT
         assert "momentum" in one_error_line(bad)
+
+        # a second up would move `latest` off this cluster, which no down would reach then
+        again = stalwart("up", "--runs-root", str(runs))
+        assert again.returncode == EXIT_INVALID_INPUT
+        assert f"a cluster is already up in {run_dir}" in one_error_line(again)
+        assert (runs / "latest").resolve() == Path(run_dir)
     finally:
         down = stalwart("down", *target)
     assert down.returncode == 0, down.stderr
+    assert f"stopped {len(state['members'])} of the {len(state['members'])} processes" in (
+        down.stdout
+    )
+    assert "nothing was running" in stalwart("down", *target).stdout
     pids = [m["pid"] for m in state["members"]]
     assert not [p for p in pids if Path(f"/proc/{p}").exists()
                 and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3]]  # fmt: skip
