@@ -69,10 +69,7 @@ def up(
     """Start 2 coordinators, paramserver groups, trainers, standbys and the health service
     as local processes."""
     device = check_device(device, trainers + standbys)
-    running = cluster.live_run(runs_root)
-    if running is not None:
-        fail(f"a cluster is already up in {running.run_dir}: stalwart down first, or give "
-             "another --runs-root", ExitCode.INVALID_INPUT)  # fmt: skip
+    refuse_if_up(runs_root)
     config = cluster.ClusterConfig(
         trainers=trainers, standbys=standbys, shards=shards, backups=backups,
         store_url=store_url, runs_root=runs_root, start_timeout_s=timeout, health=health,
@@ -90,6 +87,15 @@ def up(
     except cluster.ClusterError as exc:
         fail(str(exc).splitlines()[0] + " (logs in the run folder)", ExitCode.FAILED)
     emit(output, cluster_data(local), lambda: _print_started(local, console))
+
+
+def refuse_if_up(runs_root: Path) -> None:
+    """Exit 2 while the cluster ``<runs_root>/latest`` names still runs: a new one would
+    move ``latest`` off it, out of the reach of ``stalwart down``."""
+    running = cluster.live_run(runs_root)
+    if running is not None:
+        fail(f"a cluster is already up in {running.run_dir}: stalwart down first, or give "
+             "another --runs-root", ExitCode.INVALID_INPUT)  # fmt: skip
 
 
 def check_device(text: str, trainers: int) -> str:

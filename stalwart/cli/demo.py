@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from stalwart.cli.cluster import refuse_if_up
 from stalwart.cli.jobs import parse_model_args
 from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit, fail
 
@@ -47,6 +48,7 @@ def demo(
         health=health,
     )  # fmt: skip
     check_model(demo_run.job_spec(config))
+    refuse_if_up(runs_root)  # the demo starts a cluster of its own
     console = Console(stderr=True)
     bar = Progress(
         TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
