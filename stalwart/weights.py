@@ -25,6 +25,8 @@ def save(
 ) -> int:
     """Write ``tensors`` (CPU copies, contiguous) to ``path``; returns the bytes of data.
     ``metadata`` goes into a safetensors header (the torch format has no place for it)."""
+    if not Path(path).parent.is_dir():  # safetensors' own error names no path
+        raise StalwartError(ErrorKind.INVALID_ARGUMENT, f"{Path(path).parent} is not a folder")
     data = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
     if fmt == "safetensors":
         from safetensors.torch import save_file

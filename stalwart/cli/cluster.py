@@ -9,7 +9,15 @@ import typer
 from rich.console import Console
 
 from stalwart import cluster
-from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit, emit_table, fail
+from stalwart.cli.output import (
+    OUTPUT_OPTION,
+    ExitCode,
+    Output,
+    cli_errors,
+    emit,
+    emit_table,
+    fail,
+)
 from stalwart.cli.target import RUN_DIR
 
 RUNS_ROOT = typer.Option(
@@ -143,5 +151,5 @@ def down(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(up)
-    app.command()(down)
+    app.command("up")(cli_errors(up))
+    app.command("down")(cli_errors(down))

@@ -69,6 +69,9 @@ def export(
     """Write a job's weights (parameters and buffers), and on request its optimizer state."""
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)}", ExitCode.INVALID_INPUT)
+    if out.name in {o.value for o in Output}:  # `-o json` as on the other commands
+        fail(f"-o is --file here (the file to write), not {out.name!r}: for JSON give "
+             "--output json", ExitCode.INVALID_INPUT)  # fmt: skip
     if checkpoint and (version is not None or min_version):
         fail("--checkpoint fixes the version: leave out --version and --min-version",
              ExitCode.INVALID_INPUT)  # fmt: skip

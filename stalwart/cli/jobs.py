@@ -182,7 +182,7 @@ def submit(
     arg: list[str] = typer.Option([], "--arg", help="model argument key=value (repeat), e.g. width=8"),
     job_id: str = typer.Option("", help="job id; default: generated"),
     wait: bool = typer.Option(False, "--wait", help="follow the job with a progress bar until it ends"),
-    wait_timeout: float = typer.Option(3600.0, help="longest --wait, seconds"),
+    wait_timeout: float = typer.Option(3600.0, min=1, help="longest --wait, seconds"),
     output: Output = OUTPUT_OPTION,
     cluster: Target = FROM_FLAGS,
 ) -> None:  # fmt: skip

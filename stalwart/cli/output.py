@@ -67,6 +67,12 @@ def cli_errors(fn: Callable) -> Callable:
             fail(f"{err.code.name}: {err.message}", code)
         except StalwartError as err:
             fail(str(err), ExitCode.INVALID_INPUT)
+        except OSError as exc:  # a path that cannot be made, read or written
+            where = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{where}{exc.strerror or exc}", ExitCode.INVALID_INPUT)
+        except ValueError as exc:  # a value the wire cannot carry (an int past int64...)
+            fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                 ExitCode.INVALID_INPUT)  # fmt: skip
 
     return wrapper
 

@@ -225,7 +225,9 @@ def frame_data(frame: Frame) -> dict:
 
 @option_groups
 def top(
-    once: bool = typer.Option(False, "--once", help="print one frame and exit"),
+    once: bool = typer.Option(
+        False, "--once", help="print one frame and exit (--output json always does)"
+    ),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="seconds between frames"),
     health_address: str = typer.Option(
         "",
@@ -243,7 +245,7 @@ def top(
         async with cluster.client(addresses) as client:
             return await take_frame(client, health_address, await recent_events(client))
 
-    if once:
+    if once or output is Output.json:  # JSON is one frame: a live table cannot be parsed
         frame = asyncio.run(one())
         return emit(output, frame_data(frame), lambda: _print_frame(frame))
     with contextlib.suppress(KeyboardInterrupt):

@@ -99,3 +99,21 @@ def test_usage_errors_end_in_one_plain_error_line(args: list[str], error: str) -
     assert result.exit_code == 2
     assert result.output.splitlines()[-1] == error
     assert "╭" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [  # each used to end in a traceback, or to act before refusing
+        (["job", "submit", "--steps", "99999999999999999999", "-c", "127.0.0.1:1"],
+         "Error: Value out of range: 99999999999999999999"),
+        (["up", "--runs-root", "/proc/no-such-folder"],
+         "Error: /proc/no-such-folder: No such file or directory"),
+        (["jobs", "-c", ","], "Error: CoordinatorClient needs at least one address"),
+        (["job", "export", "j", "-o", "json", "-c", "127.0.0.1:1"],
+         "Error: -o is --file here (the file to write), not 'json': for JSON give --output json"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_one_error_line_before_anything_is_done(args, error) -> None:
+    result = CliRunner().invoke(stalwart, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == error
