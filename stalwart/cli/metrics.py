@@ -18,10 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from stalwart.api import coordinator, paramserver
-from stalwart.cli.output import OUTPUT_OPTION, Output, cli_errors, emit_json, emit_table
+from stalwart.cli.output import (
+    OUTPUT_OPTION,
+    Output,
+    cli_errors,
+    emit_json,
+    emit_table,
+    table_console,
+)
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import FINISHED, CoordinatorClient
 from stalwart.client.jobmetrics import JobMetricsReader
@@ -180,7 +186,7 @@ def metrics(
 
 
 def _follow(cluster: Target, job_id: str, interval: float, output: Output, board) -> None:
-    console = Console(width=None if Console().is_terminal else 160)
+    console = table_console()
     state: dict = {}
 
     def on_records(records: list[paramserver.MetricRecord]) -> None:

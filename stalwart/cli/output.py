@@ -49,6 +49,9 @@ def fail(message: str, code: ExitCode) -> None:
     raise typer.Exit(int(code))
 
 
+PIPED_WIDTH = 200
+
+
 def cli_errors(fn: Callable) -> Callable:
     """Turn errors from the client SDK into one readable line and an exit code."""
 
@@ -90,10 +93,16 @@ def emit_json(value: Any) -> None:
 def emit_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     table = Table(title=title)
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a narrow terminal wraps an id, never cuts it
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
-    Console().print(table)
+    table_console().print(table)
+
+
+def table_console() -> Console:
+    """Where tables go: the terminal's width, or, piped (a script, a log), wide enough that
+    ids and addresses, which the next command needs whole, are never cut short."""
+    return Console(width=None if Console().is_terminal else PIPED_WIDTH)
 
 
 def emit_mapping(title: str, data: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -29,7 +29,7 @@ from rich.text import Text
 from stalwart.api import common, coordinator, health, health_grpc, paramserver
 from stalwart.channel import open_channel
 from stalwart.cli.admin import enum_name, node_row
-from stalwart.cli.output import OUTPUT_OPTION, Output, emit, to_data
+from stalwart.cli.output import OUTPUT_OPTION, Output, emit, table_console, to_data
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.jobmetrics import JobMetricsReader
@@ -253,9 +253,7 @@ def top(
 
 
 def _print_frame(frame: Frame) -> None:
-    console = Console()
-    # Piped (a test, a log): wide enough that node ids are never cut short.
-    Console(width=None if console.is_terminal else 160).print(render(frame))
+    table_console().print(render(frame))
 
 
 async def _live(cluster: Target, addresses: list[str], health_address: str, interval: float):
