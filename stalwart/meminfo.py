@@ -7,6 +7,7 @@ and with a paramserver every job it holds.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -14,7 +15,10 @@ def available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgr
     """MemAvailable, or less where a cgroup (v2) limit leaves less. The cgroup's use
     is counted as the kubelet counts its working set: without the inactive page cache,
     which the kernel drops before it kills anything."""
-    available = _meminfo_available(proc / "meminfo")
+    try:
+        available = _meminfo_available(proc / "meminfo")
+    except (OSError, ValueError):  # not Linux: nothing to go by, so nothing is refused
+        return sys.maxsize
     limit, used = _read_int(cgroup / "memory.max"), _read_int(cgroup / "memory.current")
     if limit is not None and used is not None:
         used -= _stat(cgroup / "memory.stat", "inactive_file")
