@@ -453,11 +453,17 @@ def settings_or_exit(cls: type[S], argv: Sequence[str] | None = None) -> S:
     """``cls.from_args(argv)``, printing validation errors (one line each) and exiting 2
     like argparse."""
     try:
-        return cls.from_args(argv)
+        return cls.from_args(argv, prog=_prog())
     except pydantic.ValidationError as exc:
         for line in settings_errors(exc):
             print(f"Error: invalid settings: {line}", file=sys.stderr)
         sys.exit(2)
+
+
+def _prog() -> str | None:
+    """``python -m services.paramserver`` for usage and --help, not ``__main__.py``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec else None
 
 
 def settings_errors(exc: pydantic.ValidationError) -> list[str]:

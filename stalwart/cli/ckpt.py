@@ -51,6 +51,9 @@ def _open(url: str):
         fail(exc.message, code)
 
 
+CHECKPOINT_ID = typer.Argument(..., help="checkpoint id, as `stalwart ckpt list` shows it")
+
+
 def _job_of(checkpoint_id: str) -> str:
     parts = checkpoint_id.rsplit(".", 2)  # "<job>.s<step>.<hex>", as the coordinator names them
     if len(parts) != 3 or not parts[1].startswith("s"):
@@ -158,7 +161,9 @@ def _details(m: common.CheckpointManifest) -> dict:
 @app.command()
 @cli_errors
 @option_groups
-def show(checkpoint_id: str, source: Source = FROM_FLAGS, output: Output = OUTPUT_OPTION) -> None:
+def show(
+    checkpoint_id: str = CHECKPOINT_ID, source: Source = FROM_FLAGS, output: Output = OUTPUT_OPTION
+) -> None:
     """One checkpoint: its manifest (tensors, shards, data position)."""
     m = source.ask(
         lambda ckpt, store: ckpt.load_manifest(store, source.job_of(checkpoint_id), checkpoint_id),
@@ -171,7 +176,9 @@ def show(checkpoint_id: str, source: Source = FROM_FLAGS, output: Output = OUTPU
 @cli_errors
 @option_groups
 def verify(
-    checkpoint_id: str, source: _LongSource = FROM_FLAGS, output: Output = OUTPUT_OPTION
+    checkpoint_id: str = CHECKPOINT_ID,
+    source: _LongSource = FROM_FLAGS,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """Read every chunk and check size, CRC32C and SHA-256 (exit 1 if any is bad)."""
     result = source.ask(
@@ -216,7 +223,9 @@ def restore(
 @cli_errors
 @option_groups
 def rm(
-    checkpoint_id: str, source: _LongSource = FROM_FLAGS, output: Output = OUTPUT_OPTION
+    checkpoint_id: str = CHECKPOINT_ID,
+    source: _LongSource = FROM_FLAGS,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """Delete a checkpoint and the chunks nothing else references (no delta depends on it)."""
     collected = source.ask(

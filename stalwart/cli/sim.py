@@ -32,7 +32,10 @@ def ettr(
     seeds: int = typer.Option(3, min=1, max=50, help="runs per point (means are reported)"),
     seed: int = typer.Option(0, help="first seed: the same seed gives the same numbers"),
     failures: str = typer.Option("llama3", help="llama3 | meta | trace"),
-    strategies: str = typer.Option("restart-all,torchft,stalwart,stalwart+drain"),
+    strategies: str = typer.Option(
+        "restart-all,torchft,stalwart,stalwart+drain",
+        help="comma-separated recovery strategies to simulate side by side",
+    ),
     standbys: int = typer.Option(2, min=0, help="warm standby nodes (Stalwart)"),
     refill: str = typer.Option(
         "scheduler", help="scheduler | repair: where a used standby comes back from"
