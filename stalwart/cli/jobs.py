@@ -93,6 +93,11 @@ def build_spec(
     Only the shape of the input is checked here (``--arg`` is key=value); the
     coordinator validates the spec and answers INVALID_ARGUMENT with a reason.
     """
+    counts = {"--slots": slots, "--steps": steps, "--batch-size": batch_size, "--shards": shards}
+    for flag, value in counts.items():
+        if value == 0:  # 0 on the wire is "the default": a 400-step job for --steps 0
+            fail(f"{flag} 0: give 1 or more, or leave it out for the model's default",
+                 ExitCode.INVALID_INPUT)  # fmt: skip
     defaults = BUILTIN_DEFAULTS.get(model, FALLBACK)
     model_args = parse_model_args(args)
     spec = coordinator.JobSpec()

@@ -82,7 +82,10 @@ def cli_errors(fn: Callable) -> Callable:
 
 def to_data(value: Any) -> Any:
     if isinstance(value, Message):
-        return json_format.MessageToDict(value, preserving_proto_field_name=True)
+        # Zeros too: slot 0 and step 0 had no key at all, unlike slot 1 and step 1.
+        return json_format.MessageToDict(
+            value, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
     return value
 
 
