@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -42,9 +43,15 @@ JOB = typer.Option("", "--job", "-j", help="only this job's checkpoints")
 
 
 def _open(url: str):
-    from stalwart.stores import open_store
+    """The store ``url`` names; a directory store must exist already: opening one makes
+    its folders, and a command that only reads must not leave a store behind."""
+    from stalwart.stores import open_store, parse_store_url
 
     try:
+        parsed = parse_store_url(url)
+        if parsed.scheme in ("shm", "file") and not Path(parsed.path).is_dir():
+            fail(f"no store at {parsed.redacted}: {parsed.path} is not a folder",
+                 ExitCode.INVALID_INPUT)  # fmt: skip
         return open_store(url)
     except StalwartError as exc:
         code = ExitCode.UNREACHABLE if exc.kind is ErrorKind.UNAVAILABLE else ExitCode.INVALID_INPUT

@@ -67,3 +67,15 @@ def test_unreachable_coordinator_is_one_line_and_exit_code() -> None:
     result = CliRunner().invoke(app, ["ckpt", "list", "-c", "127.0.0.1:1", "--timeout", "0.5"])
     assert result.exit_code == ExitCode.UNREACHABLE
     assert result.output.startswith("Error:") and "Traceback" not in result.output
+
+
+def test_a_missing_directory_store_is_refused_not_made(tmp_path: Path) -> None:
+    missing = tmp_path / "no-store"
+    result = CliRunner().invoke(
+        app, ["ckpt", "list", "-j", "j", "--store-url", f"file://{missing}"]
+    )
+    assert result.exit_code == ExitCode.INVALID_INPUT
+    assert (
+        result.output.strip() == f"Error: no store at file://{missing}: {missing} is not a folder"
+    )
+    assert not missing.exists()
