@@ -222,6 +222,10 @@ def _check_consistency(spec: common.ConsistencySpec) -> None:
         raise _bad("consistency.mode must be SYNC, ASYNC or SSP")
     if spec.mode == common.CONSISTENCY_MODE_SSP and spec.staleness < 0:
         raise _bad("consistency.staleness must be >= 0 in SSP mode")
+    if spec.mode != common.CONSISTENCY_MODE_SSP and spec.staleness:  # it would do nothing
+        mode = common.ConsistencyMode.Name(spec.mode).removeprefix("CONSISTENCY_MODE_")
+        raise _bad(f"consistency.staleness applies to SSP mode only, got {spec.staleness} "
+                   f"with {mode}")  # fmt: skip
 
 
 # Server-side defaults of the optional JobSpec fields, per built-in model (the

@@ -69,6 +69,15 @@ def test_adam_eps_must_fit_float32(eps):
         jobspec.validate_job_spec(s, 1024, 10**9)
 
 
+def test_staleness_outside_ssp_is_refused_not_ignored():
+    s = spec()
+    s.consistency.staleness = 5  # normalized() made the mode SYNC
+    with pytest.raises(StalwartError, match="staleness applies to SSP mode only, got 5 with SYNC"):
+        jobspec.validate_job_spec(s, 1024, 10**9)
+    s.consistency.mode = common.CONSISTENCY_MODE_SSP
+    jobspec.validate_job_spec(s, 1024, 10**9)
+
+
 def test_the_largest_values_allowed_are_valid():
     s = spec(num_shards=jobspec.MAX_SHARDS, opt_lr=jobspec.FLOAT32_MAX)
     jobspec.validate_job_spec(s, 1024, 10**9)
