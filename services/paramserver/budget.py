@@ -18,12 +18,12 @@ from stalwart import wiredtypes
 from stalwart.api import common, paramserver
 from stalwart.errors import ErrorKind, StalwartError
 from stalwart.meminfo import available_bytes
+from stalwart.settings import MIB
 
 # Besides the parameters and the optimizer's state, a job holds about two more
 # copies of its parameters: the sum a synchronous step builds from the slots'
 # pushes, and the serialized chunks of the last pull, kept to answer the next.
 STEP_COPIES = 2
-MIB = 1 << 20
 
 
 def optimizer_copies(spec: common.OptimizerSpec) -> int:

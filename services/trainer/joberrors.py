@@ -22,9 +22,12 @@ from stalwart.errors import RpcError, StalwartError
 from stalwart.models import Task
 
 
-def _job_error(error_type: str, message: str, slot: int, step: int) -> usererrors.UserCodeError:
+def _job_error(
+    error_type: str, message: str, slots: tuple[int, ...], step: int
+) -> usererrors.UserCodeError:
+    """The error, reported for the first of ``slots`` (-1 for a standby, which has none)."""
     error = usererrors.UserCodeError(usererrors.STEP, error_type, message)
-    error.slot, error.step = slot, step
+    error.slot, error.step = (slots[0] if slots else -1), step
     return error
 
 
@@ -53,7 +56,7 @@ def check_room(task: Task, spec: coordinator.JobSpec, slots: tuple[int, ...]) ->
         "ModelTooLarge",
         f"the model holds {params >> 20:,} MiB of parameters and buffers; a trainer needs "
         f"about {TRAINER_COPIES} times that, more memory than this one has available",
-        slots[0] if slots else -1,
+        slots,
         step=0,
     )
 
@@ -61,7 +64,7 @@ def check_room(task: Task, spec: coordinator.JobSpec, slots: tuple[int, ...]) ->
 def cannot_run(err: StalwartError, slots: tuple[int, ...]) -> usererrors.UserCodeError:
     """A spec this trainer refused to run (``init_from`` unreadable or of another model):
     before, the trainer only logged it and kept the slot, and the job stood RUNNING."""
-    return _job_error("JobSpecError", err.message, slots[0] if slots else -1, step=0)
+    return _job_error("JobSpecError", err.message, slots, step=0)
 
 
 def too_large(err: RpcError, slots: tuple[int, ...]) -> usererrors.UserCodeError:
@@ -76,7 +79,7 @@ def too_large(err: RpcError, slots: tuple[int, ...]) -> usererrors.UserCodeError
         if needed
         else f"a paramserver refused the model: {err.message}"
     )
-    return _job_error("ModelTooLarge", message, slots[0] if slots else -1, step=0)
+    return _job_error("ModelTooLarge", message, slots, step=0)
 
 
 def not_finite(model: torch.nn.Module, step: int, slot: int) -> usererrors.UserCodeError:
@@ -96,4 +99,4 @@ def not_finite(model: torch.nn.Module, step: int, slot: int) -> usererrors.UserC
         message = ("the gradient holds NaN or Inf, and so do the weights it was computed "
                    "from: training diverged (a smaller learning rate, or gradient clipping, "
                    "may keep it finite)")  # fmt: skip
-    return _job_error("NonFiniteGradient", message, slot, step)
+    return _job_error("NonFiniteGradient", message, (slot,), step)
