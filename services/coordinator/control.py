@@ -27,7 +27,7 @@ from services.coordinator.convert import (
 )
 from services.coordinator.events import EventLog
 from services.coordinator.leader import LeaderState
-from services.coordinator.membership import Membership, NodeRecord, NodeState, UnknownNode
+from services.coordinator.membership import Membership, NodeRecord, NodeState, Role, UnknownNode
 from services.coordinator.promotion import ReplicaView
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.statestore import Fenced, RequestRecord, StateStore
@@ -435,6 +435,7 @@ class Control:
                     ErrorKind.ALREADY_EXISTS, f"job {job_id!r} exists (another request)"
                 )
             self._check_room_for_a_job()
+            self._check_shard_groups(max(1, spec.num_shards))
             if request_id:
                 await self.io(self.state.put_request, self.epoch, request_id, job_id)
             now = time.time()
@@ -460,6 +461,23 @@ class Control:
                 ErrorKind.LIMIT_EXCEEDED,
                 f"{live} jobs are pending or running, the most this cluster admits "
                 "(--max-live-jobs); cancel one or wait for one to end",
+            )
+
+    def _check_shard_groups(self, num_shards: int) -> None:
+        """Refuse a job spread over more shard groups than the cluster has: its trainers
+        would wait for ever for a primary of the groups missing. A cluster that has no
+        paramserver yet (still starting) admits any count."""
+        known = set(self.groups) | {
+            n.shard for n in self.members.nodes.values() if n.role is Role.PARAMSERVER
+        }
+        missing = [k for k in range(num_shards) if k not in known]
+        if known and missing:
+            raise StalwartError(
+                ErrorKind.FAILED_PRECONDITION,
+                f"the job asks for {num_shards} shard groups; the cluster has paramservers "
+                f"for shard {', '.join(map(str, sorted(known)))} only (none for "
+                f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''}): "
+                "submit with fewer shards or start paramservers for the missing ones",
             )
 
     def job(self, job_id: str) -> jobs.Job:

@@ -80,6 +80,9 @@ class JobState:
     client: ParamServerClient
     shard_map: bytes
     version: int = -1  # version of the weights in the model; -1: none yet
+    # The version last loaded into the model. Unlike ``version`` it is kept when the
+    # shard map changes: it says what the model holds, not what to pull next.
+    weights_version: int = -1
     next_version: int = 0  # version to wait for before the next step
     finished: bool = False
     registered: bool = False  # RegisterModel answered through the current client
@@ -291,6 +294,8 @@ class Worker:
             versions, tensors = await job.client.pull(job.job_id, job.version, min_version)
             if min(versions) == max(versions):
                 break
+            if _finishes_lagging_step(job, versions):
+                return True
             min_version = max(versions)  # a commit landed on some groups only: catch up
         await self._load(job, versions[0], tensors, started if timed else None)
         return True
@@ -307,7 +312,7 @@ class Worker:
         if started is not None and self.current is not None and not self.current.standby:
             phases.observe("pull", started)
             phases.PHASE_SECONDS.labels("load").observe(time.perf_counter() - pulled)
-        job.version = version
+        job.version = job.weights_version = version
         job.next_version = max(job.next_version, job.version)
         if job.version >= job.spec.steps:
             job.finished = True
@@ -489,6 +494,24 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
+
+
+def _finishes_lagging_step(job: JobState, versions: list[int]) -> bool:
+    """Whether this trainer can finish the step some shard groups still wait for.
+
+    A step can commit on some groups only: a primary lost while its slots' pushes
+    were arriving, before any reached its backup. The promoted backup waits for
+    that step's pushes again, and no version the groups agree on comes until it
+    gets them. A model that still holds the lagging groups' version (the base of
+    that step on every group) computes the step once more; groups where it
+    committed answer the same bytes as duplicates. Its ``version`` is set to that
+    base, so the step starts from it; nothing is loaded.
+    """
+    lagging = min(versions)
+    if job.weights_version != lagging:
+        return False
+    job.version = job.next_version = lagging
+    return True
 
 
 async def _abandon(task: asyncio.Future) -> None:

@@ -46,7 +46,8 @@ async def run_job(
     schedule: Sequence[tuple[str, int]] = (),
 ) -> Outcome:
     """Submit ``spec``; at step ``at_step`` kill -9 the ``kill`` kind (or each
-    ``(kind, step)`` of ``schedule`` in turn); wait for the end."""
+    ``(kind, step)`` of ``schedule`` in turn; kinds as :func:`_target` takes them);
+    wait for the end."""
     plan = list(schedule) or ([(kill, at_step)] if kill else [])
     async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
         job = await client.create_job(spec)
@@ -56,7 +57,7 @@ async def run_job(
         try:
             for kind, step in plan:
                 assert await recorder.wait_step(step, JOB_TIMEOUT_S), "job never got there"
-                name = await pick_target(kind, local, client, job.job_id)
+                name = await _target(kind, local, client, job.job_id)
                 kills.append((name, recorder.step))
                 await asyncio.to_thread(local.kill, name)
             job, version, weights = await finish_and_pull(client, job, spec)
@@ -67,6 +68,15 @@ async def run_job(
                 await watch
     killed, killed_at = kills[0] if kills else ("", -1)
     return Outcome(job, list(recorder.events), weights, version, killed, killed_at, kills)
+
+
+async def _target(kind: str, local, client: CoordinatorClient, job_id: str) -> str:
+    """The demo's fault kinds, and ``paramserver:<shard>``: that group's primary."""
+    if kind.startswith("paramserver:"):
+        shard_map = await client.get_shard_map(job_id)
+        group = shard_map.groups[int(kind.split(":")[1])]
+        return local.by_address(group.primary_address).name
+    return await pick_target(kind, local, client, job_id)
 
 
 async def finish_and_pull(client: CoordinatorClient, job: coordinator.Job, spec):

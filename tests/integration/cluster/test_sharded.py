@@ -1,0 +1,63 @@
+"""A job spread over two shard groups, on a cluster of real processes.
+
+A primary killed while a step's pushes arrive can leave that step committed on one
+group and not on the other (its pushes never reached the promoted backup). The
+trainers must finish the step on the lagging group from the weights they hold; they
+used to wait for ever for the groups to agree. A job asking for more groups than the
+cluster has is refused at once instead of standing at step 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stalwart import cluster
+from tests.helpers import PRELOAD
+from tests.integration.cluster.support import assert_bitwise_equal, reference, run_job, small_spec
+from tests.integration.cluster.test_cli import one_error_line, stalwart
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+EXIT_REFUSED = 4  # stalwart.cli.output.ExitCode: any other refusal by the cluster
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LocalCluster]:
+    """2 coordinators; 2 shard groups of primary, backup and spare; 2 trainers, 1 standby."""
+    root = Path(tmp_path_factory.mktemp("runs"))
+    config = cluster.ClusterConfig(
+        trainers=2, standbys=1, shards=2, runs_root=root, preload_services=PRELOAD
+    )
+    started = cluster.start(config)
+    try:
+        asyncio.run(cluster.wait_healthy(started, 120))
+        yield started
+    finally:
+        started.stop(timeout_s=10)
+
+
+def test_primaries_killed_in_each_group_mid_job_keep_it_bitwise_equal(sharded):
+    spec = small_spec(steps=60)
+    spec.num_shards = 2
+    want = reference(spec)
+    schedule = [("paramserver:1", 15), ("paramserver:0", 30), ("trainer", 40)]
+    out = asyncio.run(run_job(sharded, spec, schedule=schedule))
+    assert out.job.reason == "reached step 60", out.job.reason
+    assert out.version == 60
+    assert [name[:4] for name, _ in out.kills] == ["ps-1", "ps-0", "trai"], out.kills
+    assert_bitwise_equal(out.weights, want)
+
+
+def test_more_shards_than_groups_is_refused_in_one_line(sharded):
+    target = ("--coordinator", ",".join(sharded.coordinator_addresses))
+    done = stalwart("job", "submit", "--shards", "3", "--steps", "5", *target)
+    assert done.returncode == EXIT_REFUSED, done.stderr
+    line = one_error_line(done)
+    assert "asks for 3 shard groups" in line and "none for 2" in line, line
+    listed = stalwart("jobs", "-o", "json", *target)
+    assert listed.returncode == 0, listed.stderr
+    assert '"num_shards": 3' not in listed.stdout, "the refused job was admitted"
