@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import typer
 
 from stalwart.api import common, coordinator
 from stalwart.cli.output import (
     OUTPUT_OPTION,
+    ExitCode,
     Output,
     cli_errors,
     emit,
@@ -16,6 +18,7 @@ from stalwart.cli.output import (
     emit_record,
     emit_rows,
     emit_table,
+    fail,
     to_data,
 )
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
@@ -146,21 +149,33 @@ def failover(output: Output = OUTPUT_OPTION, cluster: Target = FROM_FLAGS) -> No
 async def _failover(client: CoordinatorClient, timeout: float) -> dict:
     before = await client.cluster_status()
     old_epoch = await client.step_down()
-    after = before
-    for _ in range(int(timeout / 0.1) + 1):  # bounded: the new leader needs ~0.1-1 s
-        await asyncio.sleep(0.1)
-        try:
-            after = await client.cluster_status()
-        except RpcError:
-            continue
-        if after.epoch > old_epoch and after.leader_address:
-            break
+    after = await _next_leader(client, old_epoch, time.monotonic() + timeout)
+    if after is None:
+        fail(
+            f"the leader stepped down (epoch {old_epoch}) and no new leader answered "
+            f"within {timeout:g} s; `stalwart status` shows when one takes over",
+            ExitCode.UNREACHABLE,
+        )
     return {
         "old_leader": before.leader_id,
         "old_epoch": old_epoch,
-        "new_leader": after.leader_id if after.epoch > old_epoch else "",
+        "new_leader": after.leader_id,
         "new_epoch": after.epoch,
     }
+
+
+async def _next_leader(client: CoordinatorClient, old_epoch: int, deadline: float):
+    """The cluster's status once a leader of a later epoch answers, or None at ``deadline``
+    (a new leader takes ~0.1-1 s; each status call is cut short at the deadline too)."""
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(0.1, left))
+        try:
+            after = await asyncio.wait_for(client.cluster_status(), max(left, 0.1))
+        except (TimeoutError, RpcError):
+            continue
+        if after.epoch > old_epoch and after.leader_address:
+            return after
+    return None
 
 
 def register(app: typer.Typer) -> None:

@@ -79,6 +79,13 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
         table = stalwart("jobs", *target)
         assert table.returncode == 0 and job["job_id"] in table.stdout
 
+        over = stalwart("failover", "-o", "json", *target)
+        assert over.returncode == 0, over.stderr
+        moved = json.loads(over.stdout)
+        assert moved["new_epoch"] > moved["old_epoch"] and moved["new_leader"], moved
+        status = json.loads(stalwart("status", "-o", "json", *target).stdout)
+        assert status["leader_id"] == moved["new_leader"], status
+
         bad = stalwart("job", "submit", "--slots", "-1", *target)
         assert bad.returncode == EXIT_INVALID_INPUT
         line = one_error_line(bad)
