@@ -226,6 +226,15 @@ def _check_consistency(spec: common.ConsistencySpec) -> None:
         mode = common.ConsistencyMode.Name(spec.mode).removeprefix("CONSISTENCY_MODE_")
         raise _bad(f"consistency.staleness applies to SSP mode only, got {spec.staleness} "
                    f"with {mode}")  # fmt: skip
+    if spec.mode != common.CONSISTENCY_MODE_SYNC:
+        # The paramserver applies ASYNC and SSP pushes (ModelHeader.consistency), but
+        # a trainer computes synchronous steps only: it pushes step = version, which
+        # an ASYNC or SSP job soon refuses as ahead of the slot's own count of
+        # pushes, and the job stood still for good. Refused until trainers keep
+        # per-slot clocks (docs/paramserver.md, Consistency modes).
+        mode = common.ConsistencyMode.Name(spec.mode).removeprefix("CONSISTENCY_MODE_")
+        raise _bad(f"consistency.mode {mode}: trainers run SYNC jobs only; ASYNC and SSP "
+                   "are for clients that push to the paramserver themselves")  # fmt: skip
 
 
 # Server-side defaults of the optional JobSpec fields, per built-in model (the

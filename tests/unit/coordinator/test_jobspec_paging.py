@@ -74,8 +74,20 @@ def test_staleness_outside_ssp_is_refused_not_ignored():
     s.consistency.staleness = 5  # normalized() made the mode SYNC
     with pytest.raises(StalwartError, match="staleness applies to SSP mode only, got 5 with SYNC"):
         jobspec.validate_job_spec(s, 1024, 10**9)
+    s.consistency.staleness = -1
     s.consistency.mode = common.CONSISTENCY_MODE_SSP
-    jobspec.validate_job_spec(s, 1024, 10**9)
+    with pytest.raises(StalwartError, match="staleness must be >= 0 in SSP mode"):
+        jobspec.validate_job_spec(s, 1024, 10**9)
+
+
+@pytest.mark.parametrize("mode", [common.CONSISTENCY_MODE_ASYNC, common.CONSISTENCY_MODE_SSP])
+def test_modes_trainers_cannot_run_are_refused(mode):
+    # trainers push step = version, which async and ssp refuse as ahead of the slot
+    s = spec()
+    s.consistency.mode = mode
+    with pytest.raises(StalwartError, match="trainers run SYNC jobs only") as err:
+        jobspec.validate_job_spec(s, 1024, 10**9)
+    assert err.value.kind is ErrorKind.INVALID_ARGUMENT
 
 
 def test_the_largest_values_allowed_are_valid():
