@@ -83,6 +83,8 @@ def test_flags_export_and_init_from(local, tmp_path):
         (("--clip-grad-norm", "1", "--shards", "2"), "num_shards 1"),
         (("--micro-batches", "100"), "micro_batches"),
         (("--optimizer", "adam", "--beta1", "1.5"), "beta1"),
+        (("--mode", "async"), "trainers run SYNC jobs only"),
+        (("--mode", "ssp", "--staleness", "2"), "trainers run SYNC jobs only"),
     ],
 )
 def test_bad_update_rule_flags_get_one_error_line(local, flags, message):
