@@ -58,6 +58,7 @@ METHOD_ROLES: Mapping[str, Role] = {
     _C + "Heartbeat": Role.NODE,
     _C + "ListNodes": Role.VIEWER,
     _C + "DrainNode": Role.ADMIN,
+    _C + "UndrainNode": Role.ADMIN,
     _C + "GetShardMap": Role.VIEWER,
     _C + "GetClusterStatus": Role.VIEWER,
     _C + "StepDown": Role.ADMIN,

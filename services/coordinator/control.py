@@ -388,6 +388,32 @@ class Control:
                 await self._flush()
             return node
 
+    async def undrain_node(self, node_id: str) -> NodeRecord:
+        """Return a draining or drained node to service; placement gives it work again."""
+        async with self.lock:
+            self.require_leader()
+            node = self._node(node_id)
+            decision = drain.decide_undrain(node.state)
+            if decision is drain.UndrainDecision.REFUSE:
+                raise StalwartError(
+                    ErrorKind.FAILED_PRECONDITION,
+                    f"node {node_id!r} is {node.state.value}: only a draining or drained "
+                    "node can be undrained",
+                )
+            if decision is drain.UndrainDecision.RESUME:
+                was = node.state
+                node.state = NodeState.ALIVE
+                self._dirty_nodes.add(node_id)
+                self._drain_reasons.pop(node_id, None)
+                metrics.drain_ended(node_id)
+                self.events.add(EV.EVENT_KIND_NODE_UNDRAINED,
+                                f"node {node_id} back in service (was {was.value})",
+                                node_id=node_id)  # fmt: skip
+                log.info("undrained", node=node_id, was=was.value)
+                self._reconcile(time.time())
+                await self._flush()
+            return node
+
     async def quarantine(self, node_id: str, reason: str) -> NodeRecord:
         """Corrupt numbers came from this node: it gets no more work (its slot moves to
         a standby) and stays QUARANTINED, heartbeats and re-registration included."""

@@ -1,4 +1,5 @@
-"""Drain decisions: when a node starts draining, when it is drained, when health asks for it.
+"""Drain decisions: when a node starts draining, when it is drained, when health asks for
+it, and when it returns to service.
 
 Draining moves a node's work to others (placement does the moving: a DRAINING
 node is not eligible for work) and then gives it no more. Plain functions.
@@ -24,6 +25,21 @@ def decide_drain(state: NodeState) -> DrainDecision:
     if state in (NodeState.DRAINING, NodeState.DRAINED):
         return DrainDecision.ALREADY
     return DrainDecision.REFUSE
+
+
+class UndrainDecision(enum.Enum):
+    RESUME = "resume"  # DRAINING or DRAINED -> ALIVE: it is given work again
+    ALREADY = "already"  # in service: a retried request changes nothing
+    REFUSE = "refuse"  # dead or quarantined: undraining would not bring it back
+
+
+def decide_undrain(state: NodeState) -> UndrainDecision:
+    """What an UndrainNode request does to a node in ``state`` (kubectl's uncordon)."""
+    if state in (NodeState.DRAINING, NodeState.DRAINED):
+        return UndrainDecision.RESUME
+    if state is NodeState.ALIVE:
+        return UndrainDecision.ALREADY
+    return UndrainDecision.REFUSE
 
 
 def is_drained(state: NodeState, holds_work: bool) -> bool:

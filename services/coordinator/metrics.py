@@ -227,6 +227,11 @@ def drain_started(node_id: str) -> None:
     CLOCK.drain_started(node_id, time.time())
 
 
+def drain_ended(node_id: str) -> None:
+    """Undrained before or after it drained: a later drain is timed from its own start."""
+    CLOCK.drain_at.pop(node_id, None)
+
+
 def leader_elected(token: int, seconds: float) -> None:
     """A replica took the lease and serves with the stored state ``seconds`` after
     finding it free. The first leader a store ever had (token 1) replaced nobody.

@@ -227,6 +227,15 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         return coordinator.DrainNodeResponse(node=self.control.node_proto(node))
 
     @rpc_handler
+    async def UndrainNode(self, request, context):
+        node = await self.control.once(
+            f"UndrainNode/{request.node_id}", request.request_id,
+            lambda: self.control.undrain_node(request.node_id),
+            lambda n: n.node_id.encode(), self._node_named,
+        )  # fmt: skip
+        return coordinator.UndrainNodeResponse(node=self.control.node_proto(node))
+
+    @rpc_handler
     async def GetShardMap(self, request, context):
         answer = self._shard_map(self.control.job(request.job_id).num_shards)
         if self.pieces is not None:  # heartbeats' maps go without: trainers compute their own

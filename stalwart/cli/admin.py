@@ -141,6 +141,16 @@ def drain(
     emit(output, found, lambda: emit_table("drained", NODE_COLUMNS, [node_row(found)]))
 
 
+def undrain(
+    node: str = typer.Argument(..., help="node id, as `stalwart nodes` shows it"),
+    output: Output = OUTPUT_OPTION,
+    cluster: Target = FROM_FLAGS,
+) -> None:
+    """Return a draining or drained node to service: it is given work again."""
+    found = cluster.call(lambda c: c.undrain_node(node))
+    emit(output, found, lambda: emit_table("undrained", NODE_COLUMNS, [node_row(found)]))
+
+
 def failover(output: Output = OUTPUT_OPTION, cluster: Target = FROM_FLAGS) -> None:
     """Ask the leader coordinator to step down; a standby replica takes over."""
     emit_record(output, "failover", cluster.call(lambda c: _failover(c, cluster.timeout)))
@@ -180,5 +190,5 @@ async def _next_leader(client: CoordinatorClient, old_epoch: int, deadline: floa
 
 def register(app: typer.Typer) -> None:
     """Add the commands to the top-level app (they read best without a group name)."""
-    for fn in (status, nodes, drain, failover):
+    for fn in (status, nodes, drain, undrain, failover):
         app.command(fn.__name__)(cli_errors(option_groups(fn)))

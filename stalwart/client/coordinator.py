@@ -290,6 +290,14 @@ class CoordinatorClient:
         )
         return (await self._call("DrainNode", request)).node
 
+    async def undrain_node(self, node_id: str, request_id: str | None = None) -> coordinator.Node:
+        """Return a draining or drained node to service; RpcError NOT_FOUND or
+        FAILED_PRECONDITION (dead or quarantined)."""
+        request = coordinator.UndrainNodeRequest(
+            node_id=node_id, request_id=request_id or uuid.uuid4().hex
+        )
+        return (await self._call("UndrainNode", request)).node
+
     async def report_gradient(
         self, node_id: str, job_id: str, step: int, slot: int, crc: int, duplicate: bool = False
     ) -> int:

@@ -126,7 +126,7 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
 
 def test_help_everywhere():
     for args in (["--help"], ["up", "--help"], ["job", "submit", "--help"], ["demo", "--help"],
-                 ["bench", "--help"], ["failover", "--help"], ["drain", "--help"],
+                 ["bench", "--help"], ["failover", "--help"], ["drain", "--help"], ["undrain", "--help"],
                  ["health", "--help"]):  # fmt: skip
         result = stalwart(*args)
         assert result.returncode == 0, (args, result.stderr)

@@ -97,6 +97,20 @@ def test_decide_drain(state, decision):
 
 
 @pytest.mark.parametrize(
+    ("state", "decision"),
+    [
+        (NodeState.DRAINING, drain.UndrainDecision.RESUME),
+        (NodeState.DRAINED, drain.UndrainDecision.RESUME),
+        (NodeState.ALIVE, drain.UndrainDecision.ALREADY),
+        (NodeState.DEAD, drain.UndrainDecision.REFUSE),
+        (NodeState.QUARANTINED, drain.UndrainDecision.REFUSE),
+    ],
+)
+def test_decide_undrain(state, decision):
+    assert drain.decide_undrain(state) is decision
+
+
+@pytest.mark.parametrize(
     ("state", "holds", "drained"),
     [
         (NodeState.DRAINING, False, True),

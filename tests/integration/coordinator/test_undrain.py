@@ -1,0 +1,89 @@
+"""UndrainNode over gRPC: a drained trainer returns to service and gets its slot back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stalwart.api import common, coordinator
+from stalwart.client import CoordinatorClient, NodeSession
+from stalwart.errors import ErrorKind, RpcError
+from tests.integration.coordinator.support import job_spec, wait_leader
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def beat_until(session: NodeSession, done, tries: int = 100) -> None:
+    for _ in range(tries):  # heartbeats carry the directions: poll them, up to ~5 s
+        await session.beat()
+        if done(session):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never reached: assignment {session.assignment}")
+
+
+def holds_slot(session: NodeSession) -> bool:
+    return session.assignment is not None and not session.assignment.standby
+
+
+async def test_a_drained_trainer_undrained_gets_work_again(cluster):
+    c = cluster.coordinator("c1")
+    await wait_leader(c.address)
+    async with CoordinatorClient(c.address) as client:
+        job = await client.create_job(job_spec(num_slots=1))
+        worker = NodeSession(client, common.NODE_ROLE_TRAINER, "127.0.0.1:1", node_id="w")
+        await worker.start()
+        try:
+            await beat_until(worker, holds_slot)
+            assert worker.assignment.job_id == job.job_id
+
+            drained = await client.drain_node("w", reason="maintenance")
+            draining = (coordinator.NODE_STATE_DRAINING, coordinator.NODE_STATE_DRAINED)
+            assert drained.state in draining
+            await beat_until(worker, lambda s: s.assignment is None)
+            nodes = {n.node_id: n for n in await client.all_nodes()}
+            assert nodes["w"].state == coordinator.NODE_STATE_DRAINED
+
+            back = await client.undrain_node("w", request_id="undrain-1")
+            assert back.state == coordinator.NODE_STATE_ALIVE
+            await beat_until(worker, holds_slot)
+            assert worker.assignment.job_id == job.job_id and worker.assignment.slot == 0
+
+            again = await client.undrain_node("w")  # in service already: answered as it is
+            assert again.state == coordinator.NODE_STATE_ALIVE
+            kinds = []
+            async for event in client.watch_events():
+                kinds.append(event.kind)
+                if event.kind == common.EVENT_KIND_NODE_UNDRAINED:
+                    assert event.node_id == "w" and "was drained" in event.message
+                    break
+            assert common.EVENT_KIND_NODE_DRAINED in kinds
+        finally:
+            await worker.stop()
+
+        with pytest.raises(RpcError) as info:
+            await client.undrain_node("no-such-node")
+        assert info.value.kind is ErrorKind.NOT_FOUND
+
+
+async def test_a_dead_node_is_not_undrained(cluster):
+    c = cluster.coordinator(
+        "c1", "--node-lease-seconds", "0.6", "--heartbeat-interval-seconds", "0.1"
+    )
+    await wait_leader(c.address)
+    async with CoordinatorClient(c.address) as client:
+        gone = NodeSession(client, common.NODE_ROLE_TRAINER, "127.0.0.1:3", node_id="gone")
+        await gone.start()
+        await gone.beat()
+        await client.drain_node("gone")
+        await gone.stop()  # falls silent: its lease lapses
+        for _ in range(100):
+            nodes = {n.node_id: n for n in await client.all_nodes()}
+            if nodes["gone"].state == coordinator.NODE_STATE_DEAD:
+                break
+            await asyncio.sleep(0.05)
+        with pytest.raises(RpcError) as info:
+            await client.undrain_node("gone")
+        assert info.value.kind is ErrorKind.FAILED_PRECONDITION
+        assert "is dead" in info.value.message
