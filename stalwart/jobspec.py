@@ -155,6 +155,11 @@ def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int)
     if spec.optimizer.clip_grad_norm and spec.num_shards > 1:
         raise _bad("optimizer: clip_grad_norm needs num_shards 1 (the norm spans every tensor)")
     _check_consistency(spec.consistency)
+    if spec.consistency.mode != common.CONSISTENCY_MODE_SYNC and spec.num_shards > 1:
+        # Each group counts a slot's pushes on its own; a trainer that takes over a
+        # slot learns one count, and a push applied on some groups only would leave
+        # the counts apart for good (sync finishes such a step instead).
+        raise _bad("consistency ASYNC and SSP need num_shards 1")
     if len(spec.init_from) > MAX_PATH or (
         spec.init_from and not spec.init_from.endswith(".safetensors")
     ):
@@ -226,15 +231,6 @@ def _check_consistency(spec: common.ConsistencySpec) -> None:
         mode = common.ConsistencyMode.Name(spec.mode).removeprefix("CONSISTENCY_MODE_")
         raise _bad(f"consistency.staleness applies to SSP mode only, got {spec.staleness} "
                    f"with {mode}")  # fmt: skip
-    if spec.mode != common.CONSISTENCY_MODE_SYNC:
-        # The paramserver applies ASYNC and SSP pushes (ModelHeader.consistency), but
-        # a trainer computes synchronous steps only: it pushes step = version, which
-        # an ASYNC or SSP job soon refuses as ahead of the slot's own count of
-        # pushes, and the job stood still for good. Refused until trainers keep
-        # per-slot clocks (docs/paramserver.md, Consistency modes).
-        mode = common.ConsistencyMode.Name(spec.mode).removeprefix("CONSISTENCY_MODE_")
-        raise _bad(f"consistency.mode {mode}: trainers run SYNC jobs only; ASYNC and SSP "
-                   "are for clients that push to the paramserver themselves")  # fmt: skip
 
 
 # Server-side defaults of the optional JobSpec fields, per built-in model (the

@@ -366,7 +366,12 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         }
         if verdict in messages:
             kind, text = messages[verdict]
-            raise StalwartError(kind, text, job=header.job_id)
+            extra = {}
+            if verdict is Verdict.AHEAD and m.rules.mode.value != "sync":
+                # the slot's count of applied pushes: where a trainer that took over
+                # an async or ssp slot goes on from (services/trainer/worker.py)
+                extra["expected_step"] = m.clocks[header.slot]
+            raise StalwartError(kind, text, job=header.job_id, **extra)
 
     # --- pull ------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 import torch
@@ -29,7 +29,7 @@ from services.trainer.evaluation import Evaluator
 from services.trainer.faults import Faults
 from services.trainer.telemetry import StepStats
 from stalwart import abft, schedule, sdc, training, usererrors
-from stalwart.api import coordinator
+from stalwart.api import common, coordinator
 from stalwart.client.paramserver import ParamServerClient
 from stalwart.errors import ErrorKind, RpcError, StalwartError
 from stalwart.models import Task, resolve
@@ -67,6 +67,10 @@ def _shape(a: coordinator.Assignment | None) -> tuple | None:
 
 # a compute shorter than this last time runs on the event loop (computes_inline)
 INLINE_COMPUTE_S = 0.02
+# Modes whose pushes are applied on arrival, each slot counting its own steps.
+UNSYNCED = (common.CONSISTENCY_MODE_ASYNC, common.CONSISTENCY_MODE_SSP)
+# A step no slot reaches: pushed once to learn a slot's count from the refusal.
+PROBE_STEP = 1 << 62
 
 
 @dataclass
@@ -88,6 +92,9 @@ class JobState:
     registered: bool = False  # RegisterModel answered through the current client
     prefetched: bool = False  # the model holds the version the last push committed
     last_compute_s: float | None = None  # how long the last slot's compute took
+    # async and ssp: per slot held, the step its next push carries (the count of its
+    # pushes applied); learnt from the paramserver when the slot is first pushed
+    clocks: dict[int, int] = field(default_factory=dict)
 
 
 class Worker:
@@ -155,6 +162,8 @@ class Worker:
             self.current = assignment
             if assignment.standby:
                 await self._follow()
+            elif assignment.spec.consistency.mode in UNSYNCED:
+                await self._step_unsynced(slots_of(assignment))
             else:
                 await self._step(slots_of(assignment))
         except StalwartError as err:
@@ -385,6 +394,83 @@ class Worker:
             job.prefetched = True
             phases.observe("pull", acked)  # from the ack until the next weights are loaded
             await self.evaluator.between_steps(job, slots)  # the final version's, too
+
+    async def _step_unsynced(self, slots: tuple[int, ...]) -> None:
+        """ASYNC and SSP (docs/paramserver.md): from the newest weights, each slot held
+        computes and pushes its next step, applied on arrival. A slot's step is its
+        own count of applied pushes, which picks its batch; SSP's paramserver holds a
+        push while the slot leads the slowest by more than the staleness."""
+        job = self.job
+        if not await self._pull(max(job.version, 0)):
+            return
+        await self.evaluator.between_steps(job, slots)
+        if job.finished:
+            return
+        base, started = job.version, time.monotonic()
+        results: list[training.StepResult] = []
+        pushes: dict[int, tuple[int, asyncio.Future]] = {}
+        try:
+            # The slot furthest behind first, and all pushes at once: under SSP a
+            # leading slot's push waits for the others this trainer also holds.
+            for slot in sorted(slots, key=lambda k: job.clocks.get(k, -1)):
+                step = job.clocks.get(slot, 0)
+                result = await self._computed(job, slot, step, pushing=bool(pushes))
+                if result is None:
+                    await self._wait_changed(RETRY_PAUSE_S)
+                    return
+                if slot not in job.clocks:  # a slot taken over part-way: learn where it is
+                    job.clocks[slot] = await self._slot_clock(job, slot, result)
+                    if job.clocks[slot] != step:
+                        return  # computed for another step: start again from fresh weights
+                results.append(result)
+                push = job.client.push(job.job_id, step, slot, base, result.grads, result.loss)
+                pushes[slot] = (step, asyncio.ensure_future(push))
+            if not await self._all_answered(job, slots, [p for _, p in pushes.values()]):
+                return
+            for slot, (step, push) in pushes.items():
+                await self._pushed_unsynced(job, slot, step, push)
+        finally:
+            for _, push in pushes.values():
+                await _abandon(push)  # applied once or not at all; a lost one is relearnt
+        self._record(base, time.monotonic() - started, results)
+
+    async def _all_answered(
+        self, job: JobState, slots: tuple[int, ...], pushes: list[asyncio.Future]
+    ) -> bool:
+        """Wait for every push to be answered, unless meanwhile the shard map moved or
+        the trainer was given another slot (an SSP push held for a slot that had lost
+        its trainer waits for that slot's push, which this trainer now makes)."""
+        pending = set(pushes)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=PUSH_CHECK_S)
+            why = self._pushes_moot(job, slots) if pending else None
+            if why is not None:
+                logger.info(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
+                return False
+        return True
+
+    async def _pushed_unsynced(
+        self, job: JobState, slot: int, step: int, push: asyncio.Future
+    ) -> None:
+        try:
+            await push
+        except RpcError as err:
+            if err.kind in (ErrorKind.INVALID_ARGUMENT, ErrorKind.CONFLICTING_PUSH):
+                job.clocks.pop(slot, None)  # another holder pushed for the slot: relearn
+            raise
+        job.clocks[slot] = step + 1
+
+    async def _slot_clock(self, job: JobState, slot: int, result: training.StepResult) -> int:
+        """The step ``slot`` pushes next, from the paramserver's refusal of a step
+        none reaches (an ordinary push's bytes, so nothing else is refused first)."""
+        try:
+            await job.client.push(job.job_id, PROBE_STEP, slot, job.version, result.grads)
+        except RpcError as err:
+            expected = err.metadata.get("expected_step", "")
+            if err.kind is ErrorKind.INVALID_ARGUMENT and expected.isdigit():
+                return int(expected)
+            raise
+        raise StalwartError(ErrorKind.INTERNAL, f"step {PROBE_STEP} of slot {slot} was accepted")
 
     async def _load_carried(self, job: JobState, version: int, results) -> bool:
         """Load the weights one push's answers carried; pull ``version`` instead when

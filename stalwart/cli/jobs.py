@@ -180,7 +180,7 @@ def submit(
     lr: float | None = typer.Option(None, help="learning rate; default per model"),
     momentum: float = typer.Option(0.0, help="SGD momentum"),
     weight_decay: float | None = typer.Option(None, help="weight decay; default per model (0 but char-lm)"),
-    mode: Mode = typer.Option(Mode.sync, help="consistency: sync (bitwise reproducible); trainers run sync only, a cluster refuses async and ssp"),
+    mode: Mode = typer.Option(Mode.sync, help="consistency: sync (bitwise reproducible), async, ssp (these two on one shard group)"),
     staleness: int = typer.Option(0, help="SSP: most versions a push may lag"),
     shards: int = typer.Option(1, help="paramserver shard groups the job uses"),
     rule: TrainingFlags = FROM_FLAGS,

@@ -83,8 +83,7 @@ def test_flags_export_and_init_from(local, tmp_path):
         (("--clip-grad-norm", "1", "--shards", "2"), "num_shards 1"),
         (("--micro-batches", "100"), "micro_batches"),
         (("--optimizer", "adam", "--beta1", "1.5"), "beta1"),
-        (("--mode", "async"), "trainers run SYNC jobs only"),
-        (("--mode", "ssp", "--staleness", "2"), "trainers run SYNC jobs only"),
+        (("--mode", "async", "--shards", "2"), "ASYNC and SSP need num_shards 1"),
     ],
 )
 def test_bad_update_rule_flags_get_one_error_line(local, flags, message):

@@ -81,11 +81,14 @@ def test_staleness_outside_ssp_is_refused_not_ignored():
 
 
 @pytest.mark.parametrize("mode", [common.CONSISTENCY_MODE_ASYNC, common.CONSISTENCY_MODE_SSP])
-def test_modes_trainers_cannot_run_are_refused(mode):
-    # trainers push step = version, which async and ssp refuse as ahead of the slot
+def test_unsynced_modes_need_one_shard_group(mode):
+    # each group counts a slot's pushes on its own: a push applied on some groups only
+    # would leave the counts apart, and a trainer taking the slot over learns one
     s = spec()
     s.consistency.mode = mode
-    with pytest.raises(StalwartError, match="trainers run SYNC jobs only") as err:
+    jobspec.validate_job_spec(s, 1024, 10**9)
+    s.num_shards = 2
+    with pytest.raises(StalwartError, match="ASYNC and SSP need num_shards 1") as err:
         jobspec.validate_job_spec(s, 1024, 10**9)
     assert err.value.kind is ErrorKind.INVALID_ARGUMENT
 
