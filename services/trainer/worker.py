@@ -7,7 +7,9 @@ the step to commit (the push returns once every slot has pushed). Holding
 several slots (elastic: fewer live trainers than slots), it computes them one
 after another from the same weights, each pushed under its own key as soon as
 it is ready, exactly what separate trainers would push. A warm standby only
-pulls, so that taking over a slot costs no transfer.
+pulls, so that taking over a slot costs no transfer. ASYNC and SSP jobs push
+each slot's own count of pushes instead, from the newest weights
+(:meth:`Worker._step_unsynced`).
 
 Pulls are read-only, so they are abandoned the moment the assignment changes;
 a computed step is always pushed to the end (graceful stop finishes the step).
