@@ -39,6 +39,8 @@ EVENTS_SHOWN = 10
 # With --once the event history is read until the stream stays quiet this long
 # (the store replays it at once; a quiet stream means we are at the live edge).
 EVENT_QUIET_S = 0.5
+# ... and at most this long in all: a fast job's step events never leave it quiet.
+EVENT_READ_S = 2.0
 HEALTH_TIMEOUT_S = 2.0
 # Latest loss and evaluation are read for this many jobs at most (the newest),
 # each from its paramserver, within this long; the others show "-".
@@ -127,13 +129,18 @@ async def read_summaries(
     return {job_id: s for job_id, s in found if s is not None}
 
 
-async def recent_events(client: CoordinatorClient, quiet_s: float = EVENT_QUIET_S) -> list:
-    """The stored event history up to the live edge (for a single frame)."""
+async def recent_events(
+    client: CoordinatorClient, quiet_s: float = EVENT_QUIET_S, limit_s: float = EVENT_READ_S
+) -> list:
+    """The stored event history up to the live edge (for a single frame): read until
+    the stream is quiet for ``quiet_s``, or for ``limit_s`` in all, since a running job
+    commits a step (an event) more often than ``quiet_s``."""
     kept: collections.deque = collections.deque(maxlen=EVENTS_SHOWN)
     stream = aiter(client.watch_events())
+    deadline = time.monotonic() + limit_s
     try:
-        while True:
-            kept.append(await asyncio.wait_for(anext(stream), quiet_s))
+        while (left := deadline - time.monotonic()) > 0:
+            kept.append(await asyncio.wait_for(anext(stream), min(quiet_s, left)))
     except (TimeoutError, StopAsyncIteration):
         pass
     finally:
