@@ -160,7 +160,8 @@ class Worker:
 
     async def _attempt(self, assignment: coordinator.Assignment) -> None:
         try:
-            await self._hold(assignment)
+            if not await self._hold(assignment):
+                return
             self.current = assignment
             if assignment.standby:
                 await self._follow()
@@ -212,8 +213,9 @@ class Worker:
 
     # --- holding a job's weights ---------------------------------------------------
 
-    async def _hold(self, assignment: coordinator.Assignment) -> None:
-        """Make sure the model and client are those of the assignment's job."""
+    async def _hold(self, assignment: coordinator.Assignment) -> bool:
+        """Make sure the model and client are those of the assignment's job; False if
+        the assignment changed before the model was registered."""
         shard_map = assignment.shard_map.SerializeToString(deterministic=True)
         job = self.job
         if job is None or job.job_id != assignment.job_id:
@@ -232,11 +234,32 @@ class Worker:
             job.version, job.next_version, job.prefetched = -1, 0, False
         if not job.registered:
             try:
-                await self._register(job)
+                registered = await self._unless_changed(self._register(job))
             except RpcError as err:
                 if err.kind is not ErrorKind.LIMIT_EXCEEDED:
                     raise
                 raise joberrors.too_large(err, slots_of(assignment)) from None
+            if not registered:
+                return False
+        return True
+
+    async def _unless_changed(self, work: Awaitable) -> bool:
+        """Await ``work``; False (and ``work`` cancelled) if the assignment changes first.
+
+        A registration sent to a shard group whose every replica was lost retries
+        for a minute; the restore that brings the group back elsewhere changes the
+        shard map, and the registration must go there at once."""
+        task = asyncio.ensure_future(work)
+        changed = asyncio.ensure_future(self.changed.wait())
+        try:
+            await asyncio.wait({task, changed}, return_when="FIRST_COMPLETED")
+        finally:
+            changed.cancel()
+        if task.done():
+            task.result()
+            return True
+        await _abandon(task)
+        return False
 
     def _build_job(self, assignment: coordinator.Assignment, shard_map: bytes) -> JobState:
         spec = assignment.spec

@@ -4,7 +4,10 @@ A primary killed while a step's pushes arrive can leave that step committed on o
 group and not on the other (its pushes never reached the promoted backup). The
 trainers must finish the step on the lagging group from the weights they hold; they
 used to wait for ever for the groups to agree. A job asking for more groups than the
-cluster has is refused at once instead of standing at step 0.
+cluster has is refused at once instead of standing at step 0. A group that loses
+every replica is restored from a checkpoint onto a stand-in while the other group
+keeps its state; the trainers' registration with the lost group is dropped when the
+restore moves it (it used to retry against the dead primary for a minute first).
 """
 
 from __future__ import annotations
@@ -16,8 +19,18 @@ from pathlib import Path
 import pytest
 
 from stalwart import cluster
+from stalwart.api import coordinator
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.demo.watch import EventRecorder
 from tests.helpers import PRELOAD
-from tests.integration.cluster.support import assert_bitwise_equal, reference, run_job, small_spec
+from tests.integration.cluster.support import (
+    JOB_TIMEOUT_S,
+    assert_bitwise_equal,
+    finish_and_pull,
+    reference,
+    run_job,
+    small_spec,
+)
 from tests.integration.cluster.test_cli import one_error_line, stalwart
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -61,3 +74,33 @@ def test_more_shards_than_groups_is_refused_in_one_line(sharded):
     listed = stalwart("jobs", "-o", "json", *target)
     assert listed.returncode == 0, listed.stderr
     assert '"num_shards": 3' not in listed.stdout, "the refused job was admitted"
+
+
+def test_a_group_losing_every_replica_is_restored_and_the_job_ends_bitwise_equal(sharded):
+    spec = small_spec(steps=80)
+    spec.num_shards, spec.checkpoint_interval = 2, 10
+    want = reference(spec)
+    weights = asyncio.run(_lose_group_one(sharded, spec))
+    assert_bitwise_equal(weights, want)
+
+
+async def _lose_group_one(local: cluster.LocalCluster, spec):
+    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
+        job = await client.create_job(spec)
+        recorder = EventRecorder(client, job.job_id)
+        watch = asyncio.create_task(recorder.run())
+        try:
+            assert await recorder.wait_step(25, JOB_TIMEOUT_S), "job never got there"
+            group = [m.name for m in local.of_role("paramserver") if m.shard == 1]
+            live = [name for name in group if local.alive(name)]
+            for name in live:
+                await asyncio.to_thread(local.kill, name)
+            await asyncio.to_thread(local.replace, group[0])  # a stand-in, as Kubernetes
+            job, version, weights = await finish_and_pull(client, job, spec)
+        finally:
+            watch.cancel()
+    assert job.state == coordinator.JOB_STATE_SUCCEEDED, job.reason
+    assert version == spec.steps
+    restored = [e for e in recorder.events if e.kind == "CHECKPOINT_RESTORED"]
+    assert restored, [e.kind for e in recorder.events]
+    return weights
