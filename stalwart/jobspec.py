@@ -270,7 +270,9 @@ def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
 
     A zero (proto3's "not set") num_slots, steps, batch_size, optimizer kind or
     learning rate takes the model's default, and so do the fields of its
-    MODEL_EXTRAS; an unspecified consistency mode is SYNC; num_shards 0 is 1.
+    MODEL_EXTRAS; an unspecified consistency mode is SYNC; num_shards 0 is 1. A
+    model's default clip_grad_norm is left out of a job over several shard groups
+    (the norm would span them); one asked for is kept, and refused by validation.
     Values that are set are left for validation.
     """
     out = coordinator.JobSpec()
@@ -291,7 +293,11 @@ def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
     if out.num_shards == 0:
         out.num_shards = 1
     if out.model in MODEL_EXTRAS:
+        clip_asked = out.optimizer.clip_grad_norm
         _fill_unset(out, MODEL_EXTRAS[out.model])
+        if out.num_shards > 1 and not clip_asked:
+            # a default clip would refuse the job: the norm spans every shard group
+            out.optimizer.clip_grad_norm = 0.0
     out.optimizer.CopyFrom(schedule.resolved(out.optimizer, out.steps))
     return out
 

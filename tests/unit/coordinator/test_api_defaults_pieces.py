@@ -34,6 +34,19 @@ def test_fields_that_are_set_are_kept():
     assert jobspec.normalized(spec) == spec
 
 
+def test_a_default_clip_is_left_out_of_a_sharded_job_and_an_asked_one_refused():
+    one = jobspec.normalized(coordinator.JobSpec(model="char-lm"))
+    assert one.optimizer.clip_grad_norm == 1.0  # char-lm's default
+    sharded = jobspec.normalized(coordinator.JobSpec(model="char-lm", num_shards=2))
+    assert sharded.optimizer.clip_grad_norm == 0.0
+    jobspec.validate_job_spec(sharded, max_slots=64, max_steps=10_000)
+    asked = coordinator.JobSpec(
+        model="char-lm", num_shards=2, optimizer=common.OptimizerSpec(clip_grad_norm=0.5)
+    )
+    with pytest.raises(Exception, match="clip_grad_norm needs num_shards 1"):
+        jobspec.validate_job_spec(jobspec.normalized(asked), max_slots=64, max_steps=10_000)
+
+
 def test_set_fields_still_fail_validation():
     spec = jobspec.normalized(coordinator.JobSpec(model="mlp", num_slots=-1))
     with pytest.raises(Exception, match="num_slots must be >= 1"):
