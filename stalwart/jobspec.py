@@ -292,14 +292,21 @@ def normalized(spec: coordinator.JobSpec) -> coordinator.JobSpec:
         out.consistency.mode = common.CONSISTENCY_MODE_SYNC
     if out.num_shards == 0:
         out.num_shards = 1
-    if out.model in MODEL_EXTRAS:
-        clip_asked = out.optimizer.clip_grad_norm
-        _fill_unset(out, MODEL_EXTRAS[out.model])
-        if out.num_shards > 1 and not clip_asked:
-            # a default clip would refuse the job: the norm spans every shard group
-            out.optimizer.clip_grad_norm = 0.0
+    _fill_unset(out, model_extras(out.model, out.num_shards))
     out.optimizer.CopyFrom(schedule.resolved(out.optimizer, out.steps))
     return out
+
+
+def model_extras(model: str, num_shards: int) -> coordinator.JobSpec:
+    """The model's MODEL_EXTRAS for a job over ``num_shards`` groups. A default
+    clip_grad_norm is left out of a sharded job: validation refuses global-norm
+    clipping there (the norm would span the groups), and the user did not ask for it."""
+    extras = coordinator.JobSpec()
+    if model in MODEL_EXTRAS:
+        extras.CopyFrom(MODEL_EXTRAS[model])
+    if num_shards > 1:
+        extras.optimizer.ClearField("clip_grad_norm")
+    return extras
 
 
 def _fill_unset(out, defaults) -> None:

@@ -38,8 +38,6 @@ app.command("resume")(resume_cmd.resume)
 # That module imports no torch, so submitting a job stays fast.
 BUILTIN_DEFAULTS: dict[str, dict] = {k: dict(v) for k, v in jobspec.MODEL_DEFAULTS.items()}
 FALLBACK = jobspec.FALLBACK_DEFAULTS
-for _model, _extras in jobspec.MODEL_EXTRAS.items():
-    BUILTIN_DEFAULTS[_model]["spec"] = _extras
 
 
 class OptimizerName(enum.StrEnum):
@@ -101,7 +99,7 @@ def build_spec(
     defaults = BUILTIN_DEFAULTS.get(model, FALLBACK)
     model_args = parse_model_args(args)
     spec = coordinator.JobSpec()
-    spec.CopyFrom(defaults.get("spec", coordinator.JobSpec()))
+    spec.CopyFrom(jobspec.model_extras(model, shards or 1))
     spec.MergeFrom(coordinator.JobSpec(
         model=model,
         model_args=model_args,

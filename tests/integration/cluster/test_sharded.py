@@ -13,6 +13,7 @@ restore moves it (it used to retry against the dead primary for a minute first).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from tests.integration.cluster.support import (
     run_job,
     small_spec,
 )
-from tests.integration.cluster.test_cli import one_error_line, stalwart
+from tests.integration.cluster.test_cli import EXIT_INVALID_INPUT, one_error_line, stalwart
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -74,6 +75,22 @@ def test_more_shards_than_groups_is_refused_in_one_line(sharded):
     listed = stalwart("jobs", "-o", "json", *target)
     assert listed.returncode == 0, listed.stderr
     assert '"num_shards": 3' not in listed.stdout, "the refused job was admitted"
+
+
+def test_char_lm_over_two_groups_runs_without_its_default_clip(sharded):
+    # its default global-norm clip cannot span groups; one asked for is refused
+    target = ("--coordinator", ",".join(sharded.coordinator_addresses))
+    flags = ("job", "submit", "--model", "char-lm", "--shards", "2", "--steps", "3", *target)
+    done = stalwart(*flags, "--wait", "-o", "json", timeout=240)
+    assert done.returncode == 0, done.stderr
+    job = json.loads(done.stdout)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    assert "clip_grad_norm" not in job["spec"]["optimizer"] or not float(
+        job["spec"]["optimizer"]["clip_grad_norm"]
+    ), job["spec"]
+    asked = stalwart(*flags, "--clip-grad-norm", "0.5")
+    assert asked.returncode == EXIT_INVALID_INPUT, asked.stderr
+    assert "clip_grad_norm needs num_shards 1" in one_error_line(asked)
 
 
 def test_a_group_losing_every_replica_is_restored_and_the_job_ends_bitwise_equal(sharded):
