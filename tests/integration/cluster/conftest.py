@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from stalwart import cluster
-from tests.helpers import PRELOAD
+from tests.integration.cluster.support import running_cluster
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +19,5 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LocalClu
     only what it kills to exist once (a slot trainer with a standby behind it, a
     primary with a backup, a leader with a standby replica).
     """
-    root = Path(tmp_path_factory.mktemp("runs"))
-    config = cluster.ClusterConfig(trainers=2, standbys=2, runs_root=root, preload_services=PRELOAD)
-    started = cluster.start(config)
-    try:
-        asyncio.run(cluster.wait_healthy(started, 120))
+    with running_cluster(Path(tmp_path_factory.mktemp("runs")), trainers=2, standbys=2) as started:
         yield started
-    finally:
-        started.stop(timeout_s=10)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -16,6 +17,7 @@ from stalwart.client.coordinator import FINISHED, CoordinatorClient
 from stalwart.demo.run import pick_target
 from stalwart.demo.timeline import Ev
 from stalwart.demo.watch import EventRecorder, param_client, pull_weights
+from tests.helpers import PRELOAD
 
 JOB_TIMEOUT_S = 120.0
 
@@ -38,6 +40,20 @@ class Outcome:
     kills: list[tuple[str, int]] = field(default_factory=list)  # (member, step) in order
 
 
+@contextlib.contextmanager
+def running_cluster(root: Path, **config) -> Iterator[cluster.LocalCluster]:
+    """A local cluster of ``ClusterConfig(**config)`` under ``root``, healthy, stopped
+    on the way out."""
+    started = cluster.start(
+        cluster.ClusterConfig(runs_root=root, preload_services=PRELOAD, **config)
+    )
+    try:
+        asyncio.run(cluster.wait_healthy(started, 120))
+        yield started
+    finally:
+        started.stop(timeout_s=10)
+
+
 async def run_job(
     local: cluster.LocalCluster,
     spec: coordinator.JobSpec,
@@ -46,7 +62,7 @@ async def run_job(
     schedule: Sequence[tuple[str, int]] = (),
 ) -> Outcome:
     """Submit ``spec``; at step ``at_step`` kill -9 the ``kill`` kind (or each
-    ``(kind, step)`` of ``schedule`` in turn; kinds as :func:`_target` takes them);
+    ``(kind, step)`` of ``schedule`` in turn; kinds as :func:`_targets` takes them);
     wait for the end."""
     plan = list(schedule) or ([(kill, at_step)] if kill else [])
     async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
@@ -57,9 +73,12 @@ async def run_job(
         try:
             for kind, step in plan:
                 assert await recorder.wait_step(step, JOB_TIMEOUT_S), "job never got there"
-                name = await _target(kind, local, client, job.job_id)
-                kills.append((name, recorder.step))
-                await asyncio.to_thread(local.kill, name)
+                names = await _targets(kind, local, client, job.job_id)
+                kills.append((names[0], recorder.step))
+                for name in names:
+                    await asyncio.to_thread(local.kill, name)
+                if kind.startswith("group:"):  # a stand-in, as Kubernetes would start one
+                    await asyncio.to_thread(local.replace, names[0])
             job, version, weights = await finish_and_pull(client, job, spec)
             await recorder.wait_step(spec.steps, 5.0)  # the last STEP_COMMITTED events
         finally:
@@ -70,13 +89,19 @@ async def run_job(
     return Outcome(job, list(recorder.events), weights, version, killed, killed_at, kills)
 
 
-async def _target(kind: str, local, client: CoordinatorClient, job_id: str) -> str:
-    """The demo's fault kinds, and ``paramserver:<shard>``: that group's primary."""
+async def _targets(kind: str, local, client: CoordinatorClient, job_id: str) -> list[str]:
+    """The members to kill: one of the demo's fault kinds; ``paramserver:<shard>``, that
+    group's primary; ``group:<shard>``, every live replica of that group (which
+    :func:`run_job` then replaces with one stand-in)."""
     if kind.startswith("paramserver:"):
         shard_map = await client.get_shard_map(job_id)
         group = shard_map.groups[int(kind.split(":")[1])]
-        return local.by_address(group.primary_address).name
-    return await pick_target(kind, local, client, job_id)
+        return [local.by_address(group.primary_address).name]
+    if kind.startswith("group:"):
+        shard = int(kind.split(":")[1])
+        replicas = [m.name for m in local.of_role("paramserver") if m.shard == shard]
+        return [name for name in replicas if local.alive(name)]
+    return [await pick_target(kind, local, client, job_id)]
 
 
 async def finish_and_pull(client: CoordinatorClient, job: coordinator.Job, spec):

@@ -21,15 +21,11 @@ import pytest
 
 from stalwart import cluster
 from stalwart.api import coordinator
-from stalwart.client.coordinator import CoordinatorClient
-from stalwart.demo.watch import EventRecorder
-from tests.helpers import PRELOAD
 from tests.integration.cluster.support import (
-    JOB_TIMEOUT_S,
     assert_bitwise_equal,
-    finish_and_pull,
     reference,
     run_job,
+    running_cluster,
     small_spec,
 )
 from tests.integration.cluster.test_cli import EXIT_INVALID_INPUT, one_error_line, stalwart
@@ -43,15 +39,8 @@ EXIT_REFUSED = 4  # stalwart.cli.output.ExitCode: any other refusal by the clust
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LocalCluster]:
     """2 coordinators; 2 shard groups of primary, backup and spare; 2 trainers, 1 standby."""
     root = Path(tmp_path_factory.mktemp("runs"))
-    config = cluster.ClusterConfig(
-        trainers=2, standbys=1, shards=2, runs_root=root, preload_services=PRELOAD
-    )
-    started = cluster.start(config)
-    try:
-        asyncio.run(cluster.wait_healthy(started, 120))
+    with running_cluster(root, trainers=2, standbys=1, shards=2) as started:
         yield started
-    finally:
-        started.stop(timeout_s=10)
 
 
 def test_primaries_killed_in_each_group_mid_job_keep_it_bitwise_equal(sharded):
@@ -97,27 +86,8 @@ def test_a_group_losing_every_replica_is_restored_and_the_job_ends_bitwise_equal
     spec = small_spec(steps=80)
     spec.num_shards, spec.checkpoint_interval = 2, 10
     want = reference(spec)
-    weights = asyncio.run(_lose_group_one(sharded, spec))
-    assert_bitwise_equal(weights, want)
-
-
-async def _lose_group_one(local: cluster.LocalCluster, spec):
-    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
-        job = await client.create_job(spec)
-        recorder = EventRecorder(client, job.job_id)
-        watch = asyncio.create_task(recorder.run())
-        try:
-            assert await recorder.wait_step(25, JOB_TIMEOUT_S), "job never got there"
-            group = [m.name for m in local.of_role("paramserver") if m.shard == 1]
-            live = [name for name in group if local.alive(name)]
-            for name in live:
-                await asyncio.to_thread(local.kill, name)
-            await asyncio.to_thread(local.replace, group[0])  # a stand-in, as Kubernetes
-            job, version, weights = await finish_and_pull(client, job, spec)
-        finally:
-            watch.cancel()
-    assert job.state == coordinator.JOB_STATE_SUCCEEDED, job.reason
-    assert version == spec.steps
-    restored = [e for e in recorder.events if e.kind == "CHECKPOINT_RESTORED"]
-    assert restored, [e.kind for e in recorder.events]
-    return weights
+    out = asyncio.run(run_job(sharded, spec, schedule=[("group:1", 25)]))
+    assert out.job.state == coordinator.JOB_STATE_SUCCEEDED, out.job.reason
+    assert out.version == spec.steps
+    assert any(e.kind == "CHECKPOINT_RESTORED" for e in out.events), out.events[-5:]
+    assert_bitwise_equal(out.weights, want)
