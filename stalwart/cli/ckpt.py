@@ -182,6 +182,19 @@ def show(
 @app.command()
 @cli_errors
 @option_groups
+def create(
+    job: str = typer.Argument(..., help="a running job's id, as `stalwart jobs` shows it"),
+    cluster: LongTarget = FROM_FLAGS,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Checkpoint a running job now, as its --checkpoint-interval would; prints the manifest."""
+    m = cluster.call(lambda c: c.create_checkpoint(job), f"checkpointing {job}")
+    emit_record(output, f"checkpoint {m.checkpoint_id}", m, _details)
+
+
+@app.command()
+@cli_errors
+@option_groups
 def verify(
     checkpoint_id: str = CHECKPOINT_ID,
     source: _LongSource = FROM_FLAGS,

@@ -61,7 +61,8 @@ class TrainingFlags:
         None, help="combine slot gradients by mean (DDP's, the default) or sum"
     )
     clip_grad_norm: float | None = typer.Option(
-        None, help="clip the combined gradient to this global L2 norm; 0: off"
+        None,
+        help="clip the combined gradient to this global L2 norm; 0 or unset: the model's default (char-lm 1.0 on one shard group, else off)",
     )
     clip_grad_value: float | None = typer.Option(
         None, help="clamp gradient elements to +-v; 0: off"

@@ -21,7 +21,10 @@ import pytest
 
 from stalwart import cluster
 from stalwart.api import coordinator
+from stalwart.client.coordinator import CoordinatorClient
+from stalwart.demo.watch import EventRecorder
 from tests.integration.cluster.support import (
+    JOB_TIMEOUT_S,
     assert_bitwise_equal,
     reference,
     run_job,
@@ -91,3 +94,37 @@ def test_a_group_losing_every_replica_is_restored_and_the_job_ends_bitwise_equal
     assert out.version == spec.steps
     assert any(e.kind == "CHECKPOINT_RESTORED" for e in out.events), out.events[-5:]
     assert_bitwise_equal(out.weights, want)
+
+
+def test_ckpt_create_checkpoints_both_groups_of_a_running_job(sharded):
+    target = ("--coordinator", ",".join(sharded.coordinator_addresses))
+    spec = small_spec(steps=5000)  # long enough to be running throughout
+    spec.num_shards = 2
+    job_id = asyncio.run(_started(sharded, spec))
+    try:
+        made = stalwart("ckpt", "create", job_id, "-o", "json", *target, timeout=240)
+        assert made.returncode == 0, made.stderr
+        manifest = json.loads(made.stdout)
+        step = int(manifest["step"])  # int64: a string in proto JSON
+        assert manifest["job_id"] == job_id and step > 0
+        versions = {int(s["shard"]): int(s["version"]) for s in manifest["shards"]}
+        assert versions == {0: step, 1: step}, manifest["shards"]
+        checked = stalwart("ckpt", "verify", manifest["checkpoint_id"], "-o", "json", *target)
+        assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stderr
+    finally:
+        stalwart("job", "cancel", job_id, *target)
+    ended = stalwart("ckpt", "create", job_id, *target)
+    assert ended.returncode == EXIT_REFUSED, ended.stderr
+    assert "running" in one_error_line(ended)
+
+
+async def _started(local: cluster.LocalCluster, spec) -> str:
+    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
+        job = await client.create_job(spec)
+        recorder = EventRecorder(client, job.job_id)
+        watch = asyncio.create_task(recorder.run())
+        try:
+            assert await recorder.wait_step(5, JOB_TIMEOUT_S), "job never got to step 5"
+        finally:
+            watch.cancel()
+    return job.job_id
