@@ -480,6 +480,8 @@ class Worker:
         try:
             await push
         except RpcError as err:
+            if err.kind is ErrorKind.NON_FINITE:  # reported as the job's own, as in _pushed
+                raise joberrors.not_finite(job.model, step, slot) from None
             if err.kind in (ErrorKind.INVALID_ARGUMENT, ErrorKind.CONFLICTING_PUSH):
                 job.clocks.pop(slot, None)  # another holder pushed for the slot: relearn
             raise
