@@ -116,6 +116,9 @@ class Entity:
     kind: str = ""  # failure mode or healthy variant (generator ground truth, for reports)
     warning: float = float("nan")  # how long before failure the precursor starts
     visible_warning: float = float("nan")  # how long before failure it shows in the signals
+    # float64 values of columns float32 cannot hold to the unit (a fleet file's
+    # cumulative counters), by column: what cleaning reads for them instead of x
+    exact: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

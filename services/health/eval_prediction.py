@@ -96,7 +96,7 @@ def _release(e, release_raw: bool) -> None:
     """Drop an entity's raw rows once they are cleaned (``release_raw``): on a large
     export they are as big as the windows, and nothing after cleaning reads them."""
     if release_raw:
-        e.x = e.x[:0]
+        e.x, e.exact = e.x[:0], {}
 
 
 def _clean_rows(ents, counters, deltas, release_raw: bool):

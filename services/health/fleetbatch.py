@@ -35,6 +35,7 @@ class EntityRows:
 
     t: array = field(default_factory=lambda: array("d"))
     x: array = field(default_factory=lambda: array("f"))  # row-major, d values a row
+    exact: array = field(default_factory=lambda: array("d"))  # the exact columns, as x
     label: array = field(default_factory=lambda: array("b"))
     train: array = field(default_factory=lambda: array("b"))  # per row: 1 train, 0 test, -1 none
     failure: tuple[float, int] | None = None  # (time, first row giving it)
@@ -60,19 +61,23 @@ def bad_cell(path, row, name, value, what) -> CsvError:
 
 
 def add_batch(ents: dict[str, EntityRows], batch, rows: np.ndarray, metrics: list[str],
-              detection: bool, unit: float, path) -> None:  # fmt: skip
+              detection: bool, unit: float, path, exact: tuple[int, ...] = ()) -> None:  # fmt: skip
     """Check ``batch`` and append its rows to ``ents``, entity by entity in order of first
-    appearance (the order the evaluation lists entities in)."""
+    appearance (the order the evaluation lists entities in). ``exact``: the metrics
+    (by index) also kept as float64, where float32 would lose their units."""
     if batch.num_rows == 0:
         return
     col = {name: _decoded(batch.column(name)) for name in batch.schema.names}
     codes, names = _entities(col["entity"], rows, path)
     t = _times(col["timestamp"], "timestamp", unit, rows, path, allow_null=False)
     x = np.empty((batch.num_rows, len(metrics)), dtype=np.float32)
+    x64 = np.empty((batch.num_rows, len(exact)), dtype=np.float64)
     for j, m in enumerate(metrics):
         values = _numbers(col[m], m, rows, path)
         _check_float32(values, col[m], m, rows, path)
         x[:, j] = values
+        if j in exact:
+            x64[:, exact.index(j)] = values
     if detection:
         labels = _labels(col["label"], rows, path)
     else:
@@ -85,6 +90,7 @@ def add_batch(ents: dict[str, EntityRows], batch, rows: np.ndarray, metrics: lis
         e = ents.get(name) or ents.setdefault(name, EntityRows())  # idx: its rows, in file order
         e.t.frombytes(t[idx].tobytes())
         e.x.frombytes(np.ascontiguousarray(x[idx]).tobytes())
+        e.exact.frombytes(np.ascontiguousarray(x64[idx]).tobytes())
         if detection:
             e.label.frombytes(labels[idx].tobytes())
         else:

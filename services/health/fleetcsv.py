@@ -3,9 +3,10 @@
 pyarrow's streaming CSV reader cuts the file into blocks of ``BLOCK_BYTES``, every
 column as text; each block goes through ``fleetbatch.add_batch``, the code Parquet's
 record batches go through, which checks and converts whole columns and keeps the rows
-per entity in compact typed arrays (4 bytes a metric value). Memory is one block plus
-the data's numbers. Every bad input is refused with a ``CsvError``: one line naming the
-row (the file's line number, header = row 1) and the column. ``SCHEMA`` is the contract.
+per entity in compact typed arrays (4 bytes a metric value; 12 a cumulative counter's,
+see ``exact_columns``). Memory is one block plus the data's numbers. Every bad input
+is refused with a ``CsvError``: one line naming the row (the file's line number,
+header = row 1) and the column. ``SCHEMA`` is the contract.
 """
 
 from __future__ import annotations
@@ -181,6 +182,7 @@ def _stream(path: Path, opts: CsvOptions):
     header = _header(path)
     metrics = [c for c in header if c not in RESERVED]
     detection = "label" in header
+    exact = exact_columns(metrics, detection, opts.profile)
     fields = _FieldCount(path, len(header))
     progress = _Progress(path, opts.progress)
     ents: dict[str, EntityRows] = {}
@@ -190,7 +192,8 @@ def _stream(path: Path, opts: CsvOptions):
             for batch in _batches(fh, header, fields):
                 rows = np.arange(row, row + batch.num_rows)
                 row += batch.num_rows
-                add_batch(ents, *_without_blank_lines(batch, rows), metrics, detection, unit, path)
+                add_batch(ents, *_without_blank_lines(batch, rows), metrics, detection, unit, path,
+                          exact)  # fmt: skip
                 progress.advance(fh.tell() - progress.done)
         except pa.ArrowInvalid as exc:
             if fields.error is not None:
@@ -239,12 +242,17 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _blocks(p: Path, ent: str, e: EntityRows, metrics: list[str], unit: str):
+def _blocks(p: Path, ent: str, e: EntityRows, metrics: list[str], unit: str,
+            exact: tuple[int, ...] = ()):  # fmt: skip
     """Rows sorted by time (stable), a poll sent twice kept once: t, x (n, d), labels,
-    per-row split."""
+    per-row split. With ``exact`` columns (kept as float64 too), x is float64 and holds
+    their exact values."""
     t = np.frombuffer(e.t, dtype=np.float64)
     order = np.argsort(t, kind="stable")
     x = np.frombuffer(e.x, dtype=np.float32).reshape(len(t), len(metrics))
+    if exact:
+        x = x.astype(np.float64)
+        x[:, list(exact)] = np.frombuffer(e.exact, dtype=np.float64).reshape(len(t), len(exact))
     lab = np.frombuffer(e.label, dtype=np.int8)
     tr = np.frombuffer(e.train, dtype=np.int8)
     rows = t[order], x[order], (lab[order] if lab.size else lab), tr[order]
@@ -331,7 +339,7 @@ def fill_gaps(
     tt = np.empty(n)
     tt[pos] = t
     tt = tt[prev] + (np.arange(n) - prev) * step
-    xx = np.full((n, x.shape[1]), np.nan, dtype=np.float32)
+    xx = np.full((n, x.shape[1]), np.nan, dtype=x.dtype)
     xx[pos] = x
     return tt, xx
 
@@ -415,6 +423,27 @@ def _lanes(metrics: list[str]) -> list[list[str]]:
     ]
 
 
+def cumulative_counters(metrics: list[str], profile: str | None) -> list[str]:
+    """The metrics read as cumulative counters: ``*_total``, and the generator's
+    counter names under ``--profile transceiver``."""
+    names = [m for m in metrics if m.endswith("_total")]
+    if profile == "transceiver":
+        from services.health.transceiver import NOTES
+
+        names += [m for m in NOTES["counters"] if m in metrics]
+    return names
+
+
+def exact_columns(metrics: list[str], detection: bool, profile: str | None) -> tuple[int, ...]:
+    """The metrics kept as float64 beside float32 while reading: a prediction set's
+    cumulative counters. A byte or FEC counter runs past 2^24, where float32 moves in
+    steps of 2 and more (1,024 at 1e10), and its per-poll increments would be rounded
+    away; every other value is held as float32 (4 bytes)."""
+    if detection:
+        return ()
+    return tuple(metrics.index(m) for m in cumulative_counters(metrics, profile))
+
+
 def _median_spacing(ents: dict[str, EntityRows]) -> float:
     """The median interval between an entity's distinct timestamps (a poll sent twice
     is one poll; see _once_per_time); 1 when no entity has two (then nothing is a gap)."""
@@ -430,8 +459,9 @@ def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions)
             f"{p}: the poll interval is {step:g} h: give --poll-interval in hours, above 0"
         )
     out, split = [], {}
+    exact = exact_columns(metrics, False, opts.profile)
     for ent, e in ents.items():
-        t, x, _, _ = _blocks(p, ent, e, metrics, opts.time_unit)
+        t, x, _, _ = _blocks(p, ent, e, metrics, opts.time_unit, exact)
         f = e.failure[0]
         keep = ~(t >= f) if np.isfinite(f) else np.ones(len(t), bool)  # the dead module
         if not keep.any():
@@ -443,23 +473,23 @@ def _prediction(p: Path, metrics, ents: dict[str, EntityRows], opts: CsvOptions)
         apart = _polls_apart(t, step)  # once, for the check and the filling
         _check_gaps(p, ent, t, apart, step, opts.time_unit)
         t, x = fill_gaps(t, x, step, apart)
-        out.append(Entity(ent, t, x, f, "failing" if np.isfinite(f) else "healthy"))
+        kept = {c: x[:, c].copy() for c in exact}  # copies: x itself is not held
+        out.append(Entity(ent, t, x.astype(np.float32), f,
+                          "failing" if np.isfinite(f) else "healthy", exact=kept))  # fmt: skip
         split[ent] = _entity_split(p, ent, e)
         # The raw rows are copied into the entity: free them now, so a large export
         # is held once, not twice, at the peak.
-        e.t, e.x, e.label, e.train = array("d"), array("f"), array("b"), array("b")
+        e.t, e.x, e.exact = array("d"), array("f"), array("d")
+        e.label, e.train = array("b"), array("b")
     if any(s is None for s in split.values()):
         if any(s is not None for s in split.values()):
             raise CsvError(f"{p}: column 'split': given for some entities and not others")
         order = np.random.default_rng(opts.seed).permutation(len(out))
         cut = int(round(0.7 * len(out)))
         split = {out[i].name: ("train" if k < cut else "test") for k, i in enumerate(order)}
-    counters = [m for m in metrics if m.endswith("_total")]
-    notes = {"counters": counters, "deltas": [m for m in metrics if m.endswith("_delta")]}
+    notes = {"counters": cumulative_counters(metrics, opts.profile),
+             "deltas": [m for m in metrics if m.endswith("_delta")]}  # fmt: skip
     if opts.profile == "transceiver":
-        from services.health.transceiver import NOTES
-
-        notes["counters"] += [m for m in NOTES["counters"] if m in metrics]
         notes.update(profile="transceiver", lanes=_lanes(metrics))
     return PredictionSet(
         name=p.name,

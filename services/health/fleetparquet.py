@@ -51,6 +51,7 @@ def stream(path: Path, opts: CsvOptions):
     header = fleetcsv.check_header(path, pf.schema_arrow.names, "schema")
     metrics = [c for c in header if c not in fleetcsv.RESERVED]
     detection = "label" in header
+    exact = fleetcsv.exact_columns(metrics, detection, opts.profile)
     progress = fleetcsv._Progress(path, opts.progress)
     total = max(pf.metadata.num_rows, 1)
     ents: dict[str, EntityRows] = {}
@@ -58,7 +59,7 @@ def stream(path: Path, opts: CsvOptions):
     try:
         for batch in pf.iter_batches(batch_size=BATCH_ROWS):
             rows = np.arange(row, row + batch.num_rows)
-            add_batch(ents, batch, rows, metrics, detection, unit, path)
+            add_batch(ents, batch, rows, metrics, detection, unit, path, exact)
             row += batch.num_rows
             progress.advance(int(progress.total * batch.num_rows / total))
     except pa.ArrowException as exc:

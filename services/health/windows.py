@@ -66,7 +66,7 @@ def clean(e: Entity, counters: list[int], deltas: tuple[int, ...] = ()) -> np.nd
     missed = np.isnan(raw).all(axis=1)
     x = _ffill(raw)
     for c in counters:
-        x[:, c] = _increments(raw[:, c])
+        x[:, c] = _increments(e.exact.get(c, raw[:, c]))
     for c in deltas:
         x[:, c] = _deltas(raw[:, c])
     return np.column_stack([x, missed]).astype(np.float32)
