@@ -13,6 +13,8 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import sys
+import time
 import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -91,8 +93,9 @@ class Target:
     def client(self, targets: list[str]) -> CoordinatorClient:
         """A leader-following client of ``targets`` that keeps trying for --timeout."""
         return CoordinatorClient(
-            targets, call_timeout_s=min(self.timeout, 5.0), retry_for_s=self.timeout
-        )
+            targets, call_timeout_s=min(self.timeout, 5.0), retry_for_s=self.timeout,
+            on_retry=StillTrying.on_terminal(targets, self.timeout),
+        )  # fmt: skip
 
     def call(self, fn: Callable[[CoordinatorClient], Awaitable[T]]) -> T:
         """Run ``fn(client)`` on a leader-following client, closed afterwards."""
@@ -115,7 +118,10 @@ class LongTarget(Target):
     timeout: float = LONG_TIMEOUT
 
     def client(self, targets: list[str]) -> CoordinatorClient:
-        return CoordinatorClient(targets, call_timeout_s=self.timeout, retry_for_s=self.timeout)
+        return CoordinatorClient(
+            targets, call_timeout_s=self.timeout, retry_for_s=self.timeout,
+            on_retry=StillTrying.on_terminal(targets, self.timeout),
+        )  # fmt: skip
 
     def call(self, fn: Callable[[CoordinatorClient], Awaitable[T]], doing: str = "waiting") -> T:
         """:meth:`Target.call`, with ``doing`` beside a spinner while it runs."""
@@ -124,6 +130,35 @@ class LongTarget(Target):
             return super().call(fn)
         with console.status(f"{doing} (up to {self.timeout:.0f} s)"):
             return super().call(fn)
+
+
+class StillTrying:
+    """Says once on stderr that no leader has answered yet, when a command has kept
+    trying for ``NOTICE_AFTER_S``: a cluster that is down, or a wrong address, would
+    otherwise look like a hung command for all of --timeout (15 s by default). Only on
+    a terminal: for scripts and tests stderr keeps only errors."""
+
+    NOTICE_AFTER_S = 1.0
+
+    def __init__(self, targets: list[str], timeout: float, stream=None) -> None:
+        self.targets, self.timeout = targets, timeout
+        self.stream = stream  # None: sys.stderr when said (a live display may redirect it)
+        self.started = time.monotonic()
+        self.said = False
+
+    @classmethod
+    def on_terminal(cls, targets: list[str], timeout: float) -> StillTrying | None:
+        return cls(targets, timeout) if sys.stderr.isatty() else None
+
+    def __call__(self, err: BaseException | None) -> None:
+        waited = time.monotonic() - self.started
+        if self.said or waited < self.NOTICE_AFTER_S:
+            return
+        self.said = True
+        why = (getattr(err, "message", "") or type(err).__name__).splitlines()[0]
+        print(f"no leader at {','.join(self.targets)} yet ({why}); "
+              f"trying for up to {self.timeout:g} s (--timeout)…",
+              file=self.stream or sys.stderr, flush=True)  # fmt: skip
 
 
 def option_groups(command: Callable) -> Callable:

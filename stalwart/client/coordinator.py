@@ -93,8 +93,12 @@ class CoordinatorClient:
         retry_for_s: float = 15.0,
         heartbeat_timeout_s: float = 0.5,
         blocking: bool = False,
+        on_retry: Callable[[RpcError], None] | None = None,
     ) -> None:
         """``addresses``: the replicas, as a list or "host:port,host:port"; ``token``: bearer token.
+
+        ``on_retry``: called with the error before each wait to retry a call (the CLI
+        says, on a terminal, that it is still trying to reach a leader).
 
         ``blocking``: unary calls go out on blocking gRPC channels and hold the event
         loop until answered (``watch_events`` is not for such a client); only for a loop
@@ -115,6 +119,7 @@ class CoordinatorClient:
         self.call_timeout_s = call_timeout_s
         self.retry_for_s = retry_for_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.on_retry = on_retry
         self.leader: str = self.addresses[0]
         self.epoch = 0  # highest coordinator epoch seen in a response
         self._channels: dict[str, grpc.aio.Channel | grpc.Channel] = {}
@@ -165,11 +170,16 @@ class CoordinatorClient:
             retry=retry_if_exception(_retryable),
             stop=stop_after_delay(self.retry_for_s),
             wait=wait_exponential(multiplier=0.02, max=0.5),
+            before_sleep=self._before_retry,
             reraise=True,
         ):
             with attempt:
                 return await self._once(self.leader, method, request, timeout_s)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _before_retry(self, state) -> None:
+        if self.on_retry is not None and state.outcome is not None:
+            self.on_retry(state.outcome.exception())
 
     async def _once(
         self, address: str, method: str, request: Any, timeout_s: float | None = None
@@ -397,6 +407,7 @@ class CoordinatorClient:
         async for attempt in AsyncRetrying(
             stop=stop_after_delay(self.retry_for_s),
             wait=wait_exponential(multiplier=0.02, max=0.5),
+            before_sleep=self._before_retry,
             reraise=True,
         ):
             with attempt:
