@@ -145,6 +145,7 @@ class BackupSide:
                 f"{held.model.version}; the primary's fresh copy is at {header.version}",
                 job=header.model.job_id,
             )
+        self.host.check_room(header.model)
         assembler = await reading.tensors(request_iterator, header.tensors, self.host.limits)
         tensors = assembler.finish()
         model = await off_loop(JobModel.from_install, header, tensors)

@@ -45,7 +45,7 @@ def check_room(header: paramserver.ModelHeader, room: int) -> None:
     if needed > room:
         raise StalwartError(
             ErrorKind.LIMIT_EXCEEDED,
-            f"job {header.job_id!r}'s model needs about {needed // MIB:,} MiB here "
+            f"the model of job {header.job_id!r} needs about {needed // MIB:,} MiB here "
             "(parameters, optimizer state and a step's buffers), and this paramserver "
             f"has {max(room, 0) // MIB:,} MiB of room",
             job=header.job_id,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from services.paramserver import commit, metrics, phases
+from services.paramserver import budget, commit, metrics, phases
 from services.paramserver.faults import Faults
 from services.paramserver.job import Entry, JobModel
 from services.paramserver.replica import Check, ReplicaState
@@ -125,8 +125,18 @@ class JobHost:
     on_role_change: Callable = lambda role: None
     faults: Faults = field(default_factory=Faults)
     jobs: dict[str, JobRuntime] = field(default_factory=dict)
+    memory_budget: int = 0  # bytes for every job's state; 0: what is free (budget.py)
 
     # --- checks ------------------------------------------------------------------
+
+    def check_room(self, header: paramserver.ModelHeader) -> None:
+        """Refuse a job this replica has no memory for, before a byte of its state is
+        read: a model registered here, or a whole job a primary installs (a backup
+        with a smaller budget than its primary's, or a hostile install, would be
+        allocated until the OOM killer took every job). The job's own state, when
+        held, is replaced and so not counted."""
+        held = (job.model.header for job_id, job in self.jobs.items() if job_id != header.job_id)
+        budget.check_room(header, budget.room(self.memory_budget, held))
 
     def raise_check(self, check: Check, got: int) -> None:
         if check is Check.OK:

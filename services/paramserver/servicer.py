@@ -14,7 +14,6 @@ import grpc
 import structlog
 
 from services.paramserver import (
-    budget,
     checkpointing,
     commit,
     jobmetrics,
@@ -63,10 +62,10 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         memory_budget: int = 0,
     ):
         self.host = JobHost(replica, replicator, shard, limits, sync_wait_s,
-                            on_role_change or (lambda role: None), faults or Faults())  # fmt: skip
+                            on_role_change or (lambda role: None), faults or Faults(),
+                            memory_budget=memory_budget)  # fmt: skip
         self.node_id = node_id
         self.chunk_bytes = chunk_bytes
-        self.memory_budget = memory_budget  # bytes for every job's state; 0: what is free
         self.histories = jobmetrics.Histories()  # losses and evaluations (ListJobMetrics)
         # job_id -> its committed steps on the coordinator's books, None if it never
         # admitted the job; unset, the replica runs standalone (no check)
@@ -120,8 +119,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             raise StalwartError(ErrorKind.INVALID_ARGUMENT, "job_id is empty")
         if header.job_id not in self.jobs:  # checked before a byte of the model is read
             await self._check_fresh(header.job_id)
-            held = (job.model.header for job in self.jobs.values())
-            budget.check_room(header, budget.room(self.memory_budget, held))
+            self.host.check_room(header)
         assembler = await reading.tensors(request_iterator, header.tensors, self.limits)
         tensors = assembler.finish()
         existing = self.jobs.get(header.job_id)

@@ -41,7 +41,7 @@ def test_a_budget_is_shared_by_the_jobs_held():
         budget.check_room(header(8, job="big"), 38 * MIB)  # 40 MiB does not
     err = refused.value
     assert err.kind is ErrorKind.LIMIT_EXCEEDED and err.metadata["needed_bytes"] == str(40 * MIB)
-    assert "job 'big''s model needs about 40 MiB here" in err.message
+    assert "the model of job 'big' needs about 40 MiB here" in err.message
     assert "has 38 MiB of room" in err.message
 
 
