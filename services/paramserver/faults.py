@@ -12,6 +12,10 @@ Set ``--faults`` or ``STALWART_FAULTS`` (same syntax as the trainer's):
   wedged commit path.
 - ``crash_at_version=N``: SIGKILL this process right after it applies the commit
   that reaches version N (before the step is acknowledged), as kill -9 would.
+- ``crash_before_commit_at_version=N``: a primary about to commit the step that
+  would reach version N + 1 (every slot of step N pushed, none of it forwarded to a
+  backup yet) is SIGKILLed there: the step is lost with it, while the job's other
+  shard groups commit it.
 
 Each fault fires once and logs that it did, so tests can check it really fired.
 """
@@ -25,7 +29,8 @@ from dataclasses import dataclass, field
 
 from stalwart import faultspec, log
 
-_KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int, "crash_at_version": int}
+_KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int, "crash_at_version": int,
+          "crash_before_commit_at_version": int}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Faults(faultspec.FaultSet):
     flip_state_at_version: int | None = None
     hang_commit_at_version: int | None = None
     crash_at_version: int | None = None
+    crash_before_commit_at_version: int | None = None
     fired: set = field(default_factory=set, compare=False, repr=False)
 
     def after_apply(self, model) -> None:
@@ -54,8 +60,21 @@ class Faults(faultspec.FaultSet):
                 "fault fired", fault="flip_state_at_version", version=model.version, tensor=name
             )
 
+    @property
+    def at_commit(self) -> bool:
+        """Whether :meth:`before_commit` has anything to do."""
+        return (
+            self.hang_commit_at_version is not None
+            or self.crash_before_commit_at_version is not None
+        )
+
     async def before_commit(self, model) -> None:
         """Called with the job's lock held, before a primary commits from ``model``'s version."""
+        if model.version == self.crash_before_commit_at_version:
+            log.get_logger("stalwart.faults").warning(
+                "fault fired", fault="crash_before_commit_at_version", version=model.version
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
         if model.version == self.hang_commit_at_version and "hang_commit" not in self.fired:
             self.fired.add("hang_commit")
             log.get_logger("stalwart.faults").warning(

@@ -212,7 +212,7 @@ class JobHost:
     async def commit(self, job: JobRuntime, entries: list[Entry]) -> int:
         """Run one :class:`commit.CommitRound` (caller holds the job's lock): commit on
         the in-sync backups and here at once, and answer the step's waiters."""
-        if self.faults.hang_commit_at_version is not None:  # tests only
+        if self.faults.at_commit:  # tests only
             await self.faults.before_commit(job.model)
         job_id, base, step = job.model.job_id, job.model.version, entries[0].step
         waiter = job.future_for(step)

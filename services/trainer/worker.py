@@ -90,6 +90,9 @@ class JobState:
     # shard map changes: it says what the model holds, not what to pull next.
     weights_version: int = -1
     next_version: int = 0  # version to wait for before the next step
+    # A step committed on some shard groups only, which this trainer finishes for
+    # every slot (_finishes_lagging_step); None when no group lags.
+    lagging_step: int | None = None
     finished: bool = False
     registered: bool = False  # RegisterModel answered through the current client
     prefetched: bool = False  # the model holds the version the last push committed
@@ -365,7 +368,8 @@ class Worker:
     async def _step(self, slots: tuple[int, ...]) -> None:
         """Compute the step for every slot held, one after another from the same weights;
         each slot's push goes out as soon as its gradient is ready, then all wait for
-        the commit together (the step commits only once every slot has pushed)."""
+        the commit together (the step commits only once every slot has pushed). A step
+        some shard groups lag behind on is pushed for every slot (_slots_to_push)."""
         job = self.job
         fresh, job.prefetched = job.prefetched, False
         if not fresh and not await self._pull(job.next_version):
@@ -374,6 +378,7 @@ class Worker:
         if job.finished:
             return
         step, started = job.version, time.monotonic()
+        to_push = _slots_to_push(job, slots, step)
         results: list[training.StepResult] = []
         pushes: list[asyncio.Future] = []
         prefetch: asyncio.Future | None = None
@@ -382,7 +387,7 @@ class Worker:
         # (no pull call at all); a larger one is pulled as below.
         carry = job.client.answers_carry_parameters
         try:
-            for slot in slots:
+            for slot in to_push:
                 result = await self._computed(job, slot, step, pushing=bool(pushes))
                 if result is None:
                     await self._wait_changed(RETRY_PAUSE_S)  # dropped: quarantine moves the slot
@@ -398,7 +403,7 @@ class Worker:
             if not carry:
                 prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
             pushing = time.perf_counter()
-            pushed = await self._pushed(job, step, slots, pushes)
+            pushed = await self._pushed(job, step, to_push, pushes)
         finally:
             if not pushed:  # failed or abandoned: drop the pushes and the read-only pull
                 for task in [*pushes, *([prefetch] if prefetch else [])]:
@@ -409,8 +414,9 @@ class Worker:
         acked = time.perf_counter()
         self.faults.after_push(step)
         job.next_version = step + 1
-        self._record(step, time.monotonic() - started, results)
-        logger.debug("step pushed", job=job.job_id, step=step, slots=list(slots))
+        own = [r for slot, r in zip(to_push, results, strict=True) if slot in slots]
+        self._record(step, time.monotonic() - started, own)
+        logger.debug("step pushed", job=job.job_id, step=step, slots=list(to_push))
         if carry:
             loaded = await self._load_carried(job, step + 1, pushes[0].result())
         else:
@@ -623,8 +629,22 @@ def _finishes_lagging_step(job: JobState, versions: list[int]) -> bool:
     lagging = min(versions)
     if job.weights_version != lagging:
         return False
-    job.version = job.next_version = lagging
+    job.version = job.next_version = job.lagging_step = lagging
     return True
+
+
+def _slots_to_push(job: JobState, held: tuple[int, ...], step: int) -> tuple[int, ...]:
+    """The slots whose ``step`` this trainer computes and pushes: those it holds, and
+    when it finishes a lagging step (``_finishes_lagging_step``) every other slot
+    too, after its own. A slot's trainer may hold no weights of that step's base (a
+    fresh process in its place): if only each slot's holder pushed, the lagging group
+    would wait for that slot for good. Gradients are bitwise the same whoever computes
+    them, so groups that have the push already answer duplicates."""
+    if job.lagging_step != step:
+        return held
+    job.lagging_step = None
+    others = [k for k in range(max(job.spec.num_slots, 1)) if k not in held]
+    return (*held, *others)
 
 
 async def _abandon(task: asyncio.Future) -> None:

@@ -6,11 +6,13 @@ import asyncio
 import pytest
 
 from services.trainer.faults import Faults
-from services.trainer.worker import JobState, Worker, _finishes_lagging_step
+from services.trainer.worker import JobState, Worker, _finishes_lagging_step, _slots_to_push
+from stalwart.api import coordinator
 
 
-def job(version: int, weights_version: int) -> JobState:
-    state = JobState("job-1", None, None, None, None, b"", version=version)
+def job(version: int, weights_version: int, num_slots: int = 2) -> JobState:
+    spec = coordinator.JobSpec(num_slots=num_slots)
+    state = JobState("job-1", spec, None, None, None, b"", version=version)
     state.weights_version = weights_version
     return state
 
@@ -33,6 +35,20 @@ def test_three_groups_the_lowest_is_the_base():
     held = job(version=-1, weights_version=7)
     assert _finishes_lagging_step(held, [8, 7, 8])
     assert held.version == 7
+
+
+def test_a_lagging_step_is_pushed_for_every_slot_once():
+    """Its own slots first; the others' trainers may hold no weights of that base."""
+    held = job(version=-1, weights_version=20, num_slots=4)
+    assert _finishes_lagging_step(held, [21, 20])
+    assert _slots_to_push(held, (2,), 20) == (2, 0, 1, 3)
+    assert _slots_to_push(held, (2,), 20) == (2,)  # the next attempt: its own again
+    assert _slots_to_push(held, (1, 3), 21) == (1, 3)
+
+
+def test_an_ordinary_step_pushes_the_slots_held():
+    other = job(version=5, weights_version=5, num_slots=3)
+    assert _slots_to_push(other, (0, 2), 5) == (0, 2)
 
 
 async def _never() -> None:
