@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.coordinator.jobs import (
@@ -67,12 +69,14 @@ def seconds(ts: Timestamp) -> float:
 # --- jobs ------------------------------------------------------------------------------
 
 
-def job_to_proto(job: Job) -> coordinator.Job:
+def job_to_proto(job: Job, lost_groups: Collection[int] = ()) -> coordinator.Job:
+    """``lost_groups``: shard groups that lost every replica (a restore pending), named
+    in a running job's reason; the state store is written without them."""
     return coordinator.Job(
         job_id=job.job_id,
         spec=job.spec,
         state=JOB_STATES[job.state],
-        reason=job.status.reason,
+        reason=shown_reason(job, lost_groups),
         step=job.step,
         slots=[
             coordinator.SlotAssignment(slot=s.index, node_id=s.node_id, step=job.step)
@@ -80,6 +84,20 @@ def job_to_proto(job: Job) -> coordinator.Job:
         ],
         create_time=timestamp(job.created_at),
         update_time=timestamp(job.updated_at),
+    )
+
+
+def shown_reason(job: Job, lost_groups: Collection[int]) -> str:
+    """The job's reason, or for a running job that waits for a lost shard group to be
+    restored, what it waits for: its step stands still meanwhile, with nothing else
+    to say why."""
+    lost = sorted(k for k in lost_groups if 0 <= k < job.num_shards)
+    if job.state is not JobState.RUNNING or not lost:
+        return job.status.reason
+    groups = ", ".join(map(str, lost))
+    return (
+        f"waiting: every replica of shard group {groups} lost; the job resumes once "
+        "a new paramserver of the group holds it, restored from its last checkpoint"
     )
 
 

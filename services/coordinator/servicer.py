@@ -65,7 +65,8 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
 
     @rpc_handler
     async def GetJob(self, request, context):
-        return coordinator.GetJobResponse(job=job_to_proto(self.control.job(request.job_id)))
+        job = self.control.job(request.job_id)
+        return coordinator.GetJobResponse(job=job_to_proto(job, self.control.lost_groups))
 
     @rpc_handler
     async def ListJobs(self, request, context):
@@ -77,7 +78,8 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
         chunk, token = paging.page(items, lambda j: [-j.created_at, j.job_id],
                                    request.page_size, request.page_token)  # fmt: skip
         return coordinator.ListJobsResponse(
-            jobs=[job_to_proto(j) for j in chunk], next_page_token=token
+            jobs=[job_to_proto(j, self.control.lost_groups) for j in chunk],
+            next_page_token=token,
         )
 
     @rpc_handler

@@ -78,6 +78,7 @@ async def run_job(
                 for name in names:
                     await asyncio.to_thread(local.kill, name)
                 if kind.startswith("group:"):  # a stand-in, as Kubernetes would start one
+                    await _says_group_lost(client, job.job_id, int(kind.split(":")[1]))
                     await asyncio.to_thread(local.replace, names[0])
             job, version, weights = await finish_and_pull(client, job, spec)
             await recorder.wait_step(spec.steps, 5.0)  # the last STEP_COMMITTED events
@@ -87,6 +88,17 @@ async def run_job(
                 await watch
     killed, killed_at = kills[0] if kills else ("", -1)
     return Outcome(job, list(recorder.events), weights, version, killed, killed_at, kills)
+
+
+async def _says_group_lost(client: CoordinatorClient, job_id: str, shard: int) -> None:
+    """The running job's reason names the lost group until a stand-in restores it
+    (nothing else shows why its step stands still)."""
+    want = f"waiting: every replica of shard group {shard} lost"
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (job := await client.get_job(job_id)).reason.startswith(want):
+        assert job.state == coordinator.JOB_STATE_RUNNING, job.reason
+        assert time.monotonic() < deadline, f"the job's reason is still {job.reason!r}"
+        await asyncio.sleep(0.1)
 
 
 async def _targets(kind: str, local, client: CoordinatorClient, job_id: str) -> list[str]:
