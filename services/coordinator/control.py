@@ -388,17 +388,20 @@ class Control:
                 await self._flush()
             return node
 
-    async def undrain_node(self, node_id: str) -> NodeRecord:
-        """Return a draining or drained node to service; placement gives it work again."""
+    async def undrain_node(self, node_id: str, release_quarantine: bool = False) -> NodeRecord:
+        """Return a draining or drained node (a quarantined one with
+        ``release_quarantine``) to service; placement gives it work again."""
         async with self.lock:
             self.require_leader()
             node = self._node(node_id)
-            decision = drain.decide_undrain(node.state)
+            decision = drain.decide_undrain(node.state, release_quarantine)
             if decision is drain.UndrainDecision.REFUSE:
+                hint = (" once its hardware was checked, release it with --release-quarantine"
+                        if node.state is NodeState.QUARANTINED else "")  # fmt: skip
                 raise StalwartError(
                     ErrorKind.FAILED_PRECONDITION,
                     f"node {node_id!r} is {node.state.value}: only a draining or drained "
-                    "node can be undrained",
+                    f"node can be undrained{';' if hint else ''}{hint}",
                 )
             if decision is drain.UndrainDecision.RESUME:
                 was = node.state

@@ -33,9 +33,13 @@ class UndrainDecision(enum.Enum):
     REFUSE = "refuse"  # dead or quarantined: undraining would not bring it back
 
 
-def decide_undrain(state: NodeState) -> UndrainDecision:
-    """What an UndrainNode request does to a node in ``state`` (kubectl's uncordon)."""
+def decide_undrain(state: NodeState, release_quarantine: bool = False) -> UndrainDecision:
+    """What an UndrainNode request does to a node in ``state`` (kubectl's uncordon). A
+    quarantined node (corrupt numbers came from it) comes back only when the request
+    says so explicitly: an operator who checked or replaced its hardware."""
     if state in (NodeState.DRAINING, NodeState.DRAINED):
+        return UndrainDecision.RESUME
+    if state is NodeState.QUARANTINED and release_quarantine:
         return UndrainDecision.RESUME
     if state is NodeState.ALIVE:
         return UndrainDecision.ALREADY

@@ -232,7 +232,7 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     async def UndrainNode(self, request, context):
         node = await self.control.once(
             f"UndrainNode/{request.node_id}", request.request_id,
-            lambda: self.control.undrain_node(request.node_id),
+            lambda: self.control.undrain_node(request.node_id, request.release_quarantine),
             lambda n: n.node_id.encode(), self._node_named,
         )  # fmt: skip
         return coordinator.UndrainNodeResponse(node=self.control.node_proto(node))

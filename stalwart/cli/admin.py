@@ -143,11 +143,17 @@ def drain(
 
 def undrain(
     node: str = typer.Argument(..., help="node id, as `stalwart nodes` shows it"),
+    release_quarantine: bool = typer.Option(
+        False,
+        "--release-quarantine",
+        help="also a quarantined node (corrupt numbers came from it): once its hardware "
+        "was checked or replaced",
+    ),  # fmt: skip
     output: Output = OUTPUT_OPTION,
     cluster: Target = FROM_FLAGS,
 ) -> None:
     """Return a draining or drained node to service: it is given work again."""
-    found = cluster.call(lambda c: c.undrain_node(node))
+    found = cluster.call(lambda c: c.undrain_node(node, release_quarantine=release_quarantine))
     emit(output, found, lambda: emit_table("undrained", NODE_COLUMNS, [node_row(found)]))
 
 

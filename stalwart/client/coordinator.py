@@ -300,12 +300,16 @@ class CoordinatorClient:
         )
         return (await self._call("DrainNode", request)).node
 
-    async def undrain_node(self, node_id: str, request_id: str | None = None) -> coordinator.Node:
-        """Return a draining or drained node to service; RpcError NOT_FOUND or
-        FAILED_PRECONDITION (dead or quarantined)."""
+    async def undrain_node(
+        self, node_id: str, request_id: str | None = None, release_quarantine: bool = False
+    ) -> coordinator.Node:
+        """Return a draining or drained node to service (a quarantined one too with
+        ``release_quarantine``); RpcError NOT_FOUND or FAILED_PRECONDITION (dead, or
+        quarantined without ``release_quarantine``)."""
         request = coordinator.UndrainNodeRequest(
-            node_id=node_id, request_id=request_id or uuid.uuid4().hex
-        )
+            node_id=node_id, request_id=request_id or uuid.uuid4().hex,
+            release_quarantine=release_quarantine,
+        )  # fmt: skip
         return (await self._call("UndrainNode", request)).node
 
     async def report_gradient(

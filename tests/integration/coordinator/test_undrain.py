@@ -87,3 +87,38 @@ async def test_a_dead_node_is_not_undrained(cluster):
             await client.undrain_node("gone")
         assert info.value.kind is ErrorKind.FAILED_PRECONDITION
         assert "is dead" in info.value.message
+
+
+async def test_a_quarantined_trainer_comes_back_only_when_released(cluster):
+    """Corrupt numbers came from it: undrain alone refuses, with the flag to use; with
+    release_quarantine it is ALIVE and given its slot again, and says so in an event."""
+    c = cluster.coordinator("c1")
+    await wait_leader(c.address)
+    async with CoordinatorClient(c.address) as client:
+        job = await client.create_job(job_spec(num_slots=1))
+        worker = NodeSession(client, common.NODE_ROLE_TRAINER, "127.0.0.1:4", node_id="q")
+        await worker.start()
+        try:
+            await beat_until(worker, holds_slot)
+            state = await client.report_corruption("q", "q", "abft", job.job_id, 3, "checksum")
+            assert state == coordinator.NODE_STATE_QUARANTINED
+            await beat_until(worker, lambda s: s.assignment is None)
+
+            with pytest.raises(RpcError) as info:
+                await client.undrain_node("q")
+            assert info.value.kind is ErrorKind.FAILED_PRECONDITION
+            assert "is quarantined" in info.value.message
+            assert "--release-quarantine" in info.value.message
+            nodes = {n.node_id: n for n in await client.all_nodes()}
+            assert nodes["q"].state == coordinator.NODE_STATE_QUARANTINED  # nothing applied
+
+            back = await client.undrain_node("q", release_quarantine=True)
+            assert back.state == coordinator.NODE_STATE_ALIVE
+            await beat_until(worker, holds_slot)
+            assert worker.assignment.job_id == job.job_id
+            async for event in client.watch_events():
+                if event.kind == common.EVENT_KIND_NODE_UNDRAINED:
+                    assert event.node_id == "q" and "was quarantined" in event.message
+                    break
+        finally:
+            await worker.stop()

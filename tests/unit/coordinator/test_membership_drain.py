@@ -111,6 +111,19 @@ def test_decide_undrain(state, decision):
 
 
 @pytest.mark.parametrize(
+    ("state", "decision"),
+    [
+        (NodeState.QUARANTINED, drain.UndrainDecision.RESUME),
+        (NodeState.DRAINED, drain.UndrainDecision.RESUME),
+        (NodeState.ALIVE, drain.UndrainDecision.ALREADY),
+        (NodeState.DEAD, drain.UndrainDecision.REFUSE),  # releasing cannot bring it back
+    ],
+)
+def test_decide_undrain_releasing_a_quarantine(state, decision):
+    assert drain.decide_undrain(state, release_quarantine=True) is decision
+
+
+@pytest.mark.parametrize(
     ("state", "holds", "drained"),
     [
         (NodeState.DRAINING, False, True),
