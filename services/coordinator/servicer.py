@@ -12,10 +12,16 @@ import time
 import structlog
 
 from services.coordinator.control import Control, Directions
-from services.coordinator.convert import JOB_STATES_BACK, ROLES_BACK, job_to_proto, timestamp
+from services.coordinator.convert import (
+    JOB_STATES_BACK,
+    NODE_STATES_BACK,
+    ROLES_BACK,
+    job_to_proto,
+    timestamp,
+)
 from services.coordinator.election import Election
 from services.coordinator.jobs import JobState
-from services.coordinator.membership import NodeRecord, Role
+from services.coordinator.membership import LEASED, NodeRecord, Role
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.shardpieces import ShardPieces
 from services.coordinator.taskerrors import TaskError
@@ -266,11 +272,9 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
     async def _counts_from_store(self) -> tuple[int, int]:
         nodes, jobs = await asyncio.gather(self.control.io(self.control.state.nodes),
                                            self.control.io(self.control.state.jobs))  # fmt: skip
-        alive = sum(
-            1
-            for n in nodes
-            if n.state in (coordinator.NODE_STATE_ALIVE, coordinator.NODE_STATE_DRAINING)
-        )
+        # the leader's rule (NodeRecord.leased: every node still heartbeating, drained
+        # and quarantined ones too), so the count does not change with who answers
+        alive = sum(1 for n in nodes if NODE_STATES_BACK.get(n.state) in LEASED)
         return alive, sum(1 for j in jobs if j.state == coordinator.JOB_STATE_RUNNING)
 
     @rpc_handler
