@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -27,40 +28,46 @@ def holds_slot(session: NodeSession) -> bool:
     return session.assignment is not None and not session.assignment.standby
 
 
-async def test_a_drained_trainer_undrained_gets_work_again(cluster):
+@contextlib.asynccontextmanager
+async def slot_trainer(cluster, node_id: str, port: int):
+    """A leader, a client of it, a one-slot job and a trainer ``node_id`` holding it."""
     c = cluster.coordinator("c1")
     await wait_leader(c.address)
     async with CoordinatorClient(c.address) as client:
         job = await client.create_job(job_spec(num_slots=1))
-        worker = NodeSession(client, common.NODE_ROLE_TRAINER, "127.0.0.1:1", node_id="w")
+        worker = NodeSession(client, common.NODE_ROLE_TRAINER, f"127.0.0.1:{port}", node_id=node_id)
         await worker.start()
         try:
             await beat_until(worker, holds_slot)
             assert worker.assignment.job_id == job.job_id
-
-            drained = await client.drain_node("w", reason="maintenance")
-            draining = (coordinator.NODE_STATE_DRAINING, coordinator.NODE_STATE_DRAINED)
-            assert drained.state in draining
-            await beat_until(worker, lambda s: s.assignment is None)
-            nodes = {n.node_id: n for n in await client.all_nodes()}
-            assert nodes["w"].state == coordinator.NODE_STATE_DRAINED
-
-            back = await client.undrain_node("w", request_id="undrain-1")
-            assert back.state == coordinator.NODE_STATE_ALIVE
-            await beat_until(worker, holds_slot)
-            assert worker.assignment.job_id == job.job_id and worker.assignment.slot == 0
-
-            again = await client.undrain_node("w")  # in service already: answered as it is
-            assert again.state == coordinator.NODE_STATE_ALIVE
-            kinds = []
-            async for event in client.watch_events():
-                kinds.append(event.kind)
-                if event.kind == common.EVENT_KIND_NODE_UNDRAINED:
-                    assert event.node_id == "w" and "was drained" in event.message
-                    break
-            assert common.EVENT_KIND_NODE_DRAINED in kinds
+            yield client, job, worker
         finally:
             await worker.stop()
+
+
+async def test_a_drained_trainer_undrained_gets_work_again(cluster):
+    async with slot_trainer(cluster, "w", 1) as (client, job, worker):
+        drained = await client.drain_node("w", reason="maintenance")
+        draining = (coordinator.NODE_STATE_DRAINING, coordinator.NODE_STATE_DRAINED)
+        assert drained.state in draining
+        await beat_until(worker, lambda s: s.assignment is None)
+        nodes = {n.node_id: n for n in await client.all_nodes()}
+        assert nodes["w"].state == coordinator.NODE_STATE_DRAINED
+
+        back = await client.undrain_node("w", request_id="undrain-1")
+        assert back.state == coordinator.NODE_STATE_ALIVE
+        await beat_until(worker, holds_slot)
+        assert worker.assignment.job_id == job.job_id and worker.assignment.slot == 0
+
+        again = await client.undrain_node("w")  # in service already: answered as it is
+        assert again.state == coordinator.NODE_STATE_ALIVE
+        kinds = []
+        async for event in client.watch_events():
+            kinds.append(event.kind)
+            if event.kind == common.EVENT_KIND_NODE_UNDRAINED:
+                assert event.node_id == "w" and "was drained" in event.message
+                break
+        assert common.EVENT_KIND_NODE_DRAINED in kinds
 
         with pytest.raises(RpcError) as info:
             await client.undrain_node("no-such-node")
@@ -92,33 +99,24 @@ async def test_a_dead_node_is_not_undrained(cluster):
 async def test_a_quarantined_trainer_comes_back_only_when_released(cluster):
     """Corrupt numbers came from it: undrain alone refuses, with the flag to use; with
     release_quarantine it is ALIVE and given its slot again, and says so in an event."""
-    c = cluster.coordinator("c1")
-    await wait_leader(c.address)
-    async with CoordinatorClient(c.address) as client:
-        job = await client.create_job(job_spec(num_slots=1))
-        worker = NodeSession(client, common.NODE_ROLE_TRAINER, "127.0.0.1:4", node_id="q")
-        await worker.start()
-        try:
-            await beat_until(worker, holds_slot)
-            state = await client.report_corruption("q", "q", "abft", job.job_id, 3, "checksum")
-            assert state == coordinator.NODE_STATE_QUARANTINED
-            await beat_until(worker, lambda s: s.assignment is None)
+    async with slot_trainer(cluster, "q", 4) as (client, job, worker):
+        state = await client.report_corruption("q", "q", "abft", job.job_id, 3, "checksum")
+        assert state == coordinator.NODE_STATE_QUARANTINED
+        await beat_until(worker, lambda s: s.assignment is None)
 
-            with pytest.raises(RpcError) as info:
-                await client.undrain_node("q")
-            assert info.value.kind is ErrorKind.FAILED_PRECONDITION
-            assert "is quarantined" in info.value.message
-            assert "--release-quarantine" in info.value.message
-            nodes = {n.node_id: n for n in await client.all_nodes()}
-            assert nodes["q"].state == coordinator.NODE_STATE_QUARANTINED  # nothing applied
+        with pytest.raises(RpcError) as info:
+            await client.undrain_node("q")
+        assert info.value.kind is ErrorKind.FAILED_PRECONDITION
+        assert "is quarantined" in info.value.message
+        assert "--release-quarantine" in info.value.message
+        nodes = {n.node_id: n for n in await client.all_nodes()}
+        assert nodes["q"].state == coordinator.NODE_STATE_QUARANTINED  # nothing applied
 
-            back = await client.undrain_node("q", release_quarantine=True)
-            assert back.state == coordinator.NODE_STATE_ALIVE
-            await beat_until(worker, holds_slot)
-            assert worker.assignment.job_id == job.job_id
-            async for event in client.watch_events():
-                if event.kind == common.EVENT_KIND_NODE_UNDRAINED:
-                    assert event.node_id == "q" and "was quarantined" in event.message
-                    break
-        finally:
-            await worker.stop()
+        back = await client.undrain_node("q", release_quarantine=True)
+        assert back.state == coordinator.NODE_STATE_ALIVE
+        await beat_until(worker, holds_slot)
+        assert worker.assignment.job_id == job.job_id
+        async for event in client.watch_events():
+            if event.kind == common.EVENT_KIND_NODE_UNDRAINED:
+                assert event.node_id == "q" and "was quarantined" in event.message
+                break
