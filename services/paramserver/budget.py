@@ -24,6 +24,9 @@ from stalwart.settings import MIB
 # copies of its parameters: the sum a synchronous step builds from the slots'
 # pushes, and the serialized chunks of the last pull, kept to answer the next.
 STEP_COPIES = 2
+# And each slot's push of the step, staged (widened to the parameters' dtype) until
+# every slot has pushed: one copy per slot. A job of 1,000 slots on a model of 17 MiB
+# held 17 GB here before the budget counted them, and the OOM killer ended the replica.
 
 
 def optimizer_copies(spec: common.OptimizerSpec) -> int:
@@ -34,9 +37,11 @@ def optimizer_copies(spec: common.OptimizerSpec) -> int:
 
 
 def footprint(header: paramserver.ModelHeader) -> int:
-    """Bytes a job with this model header will hold on a replica, about."""
+    """Bytes a job with this model header will hold on a replica, about: parameters,
+    optimizer state, a step's buffers, and a staged push per slot."""
     params = sum(wiredtypes.tensor_nbytes(t) for t in header.tensors)
-    return params * (1 + optimizer_copies(header.optimizer) + STEP_COPIES)
+    copies = 1 + optimizer_copies(header.optimizer) + STEP_COPIES + max(header.num_slots, 0)
+    return params * copies
 
 
 def check_room(header: paramserver.ModelHeader, room: int) -> None:
@@ -46,8 +51,9 @@ def check_room(header: paramserver.ModelHeader, room: int) -> None:
         raise StalwartError(
             ErrorKind.LIMIT_EXCEEDED,
             f"the model of job {header.job_id!r} needs about {needed // MIB:,} MiB here "
-            "(parameters, optimizer state and a step's buffers), and this paramserver "
-            f"has {max(room, 0) // MIB:,} MiB of room",
+            f"(parameters, optimizer state, a step's buffers and the pushes of its "
+            f"{header.num_slots} slot(s)), and this paramserver has {max(room, 0) // MIB:,} "
+            "MiB of room",
             job=header.job_id,
             needed_bytes=needed,
         )

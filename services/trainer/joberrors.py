@@ -75,7 +75,8 @@ def too_large(err: RpcError, slots: tuple[int, ...]) -> usererrors.UserCodeError
     needed = err.metadata.get("needed_bytes")
     message = (
         f"the model needs about {int(needed) >> 20:,} MiB on a paramserver (parameters, "
-        "optimizer state and a step's buffers), more than it has room for"
+        "optimizer state, a step's buffers and a staged push per slot), more than it has "
+        "room for"
         if needed
         else f"a paramserver refused the model: {err.message}"
     )

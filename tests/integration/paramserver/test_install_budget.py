@@ -25,7 +25,7 @@ from tests.integration.paramserver.support import (
 pytestmark = pytest.mark.timeout(120)
 
 EPOCH = 3
-BUDGET = 8 << 20  # bytes; a job of N float32 parameters under SGD takes about 3 * 4N
+BUDGET = 8 << 20  # bytes; a job of N float32 parameters, SGD, 1 slot takes about 4 * 4N
 
 
 def _install(stub, job_id: str, numel: int):
@@ -47,11 +47,11 @@ async def test_an_install_beyond_the_budget_is_refused_and_nothing_is_held(launc
     async with stubs() as stub_for:
         stub = stub_for(backup.address)
         await configure_backup(stub, EPOCH)
-        large = 1 << 20  # 4 MiB of parameters: about 12 MiB held
+        large = 1 << 20  # 4 MiB of parameters: about 16 MiB held
         err = await expect_error(
             _install(stub, "large", large), grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"
         )
-        assert "the model of job 'large' needs about 12 MiB" in err.message
+        assert "the model of job 'large' needs about 16 MiB" in err.message
         assert "has 8 MiB of room" in err.message
         assert [j.job_id for j in (await status(stub)).jobs] == []
         # within the budget: taken, at the primary's version
@@ -59,8 +59,8 @@ async def test_an_install_beyond_the_budget_is_refused_and_nothing_is_held(launc
         assert answer.version == 7
         assert [j.job_id for j in (await status(stub)).jobs] == ["small"]
         # a second install of the held job replaces it and is not counted twice
-        assert (await _install(stub, "small", 1 << 19)).version == 7
-        # beside the 6 MiB it now holds, a 3 MiB job does not fit
+        assert (await _install(stub, "small", 1 << 18)).version == 7
+        # beside the 4 MiB it now holds, a job of 8 MiB does not fit
         await expect_error(
-            _install(stub, "other", 1 << 18), grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"
+            _install(stub, "other", 1 << 19), grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"
         )

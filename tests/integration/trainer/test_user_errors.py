@@ -130,15 +130,22 @@ async def test_a_job_whose_weights_diverge_fails_with_that_reason(cluster_procs,
         assert all(proc.alive() for proc in trainers)
 
 
-async def test_a_model_too_large_for_the_paramservers_fails_its_job_and_no_other(cluster_procs):
+@pytest.mark.parametrize("what", ["wide", "many-slots"])
+async def test_a_model_too_large_for_the_paramservers_fails_its_job_and_no_other(
+    cluster_procs, what
+):
     """Refused at RegisterModel from its header, before a byte of it is read: the job
-    fails with the size in its reason, and the same paramservers train the next job."""
-    budget = 150 << 20  # the default mlp takes about 68 MiB there with Adam; hidden 2048 ~260
+    fails with the size in its reason, and the same paramservers train the next job.
+    Too large by its width, or by its slots: a sync step stages each slot's push, and
+    a job of 1,000 slots was taken and held until the OOM killer ended the replica."""
+    # the default mlp, 2 slots: about 13.6 MiB of parameters, 7 copies with Adam
+    budget = 150 << 20
     coord, trainers = await _cluster(cluster_procs, 2, "--memory-budget-bytes", str(budget))
     async with CoordinatorClient(coord.address) as client:
         await _registered(client, {"tr0", "tr1"})
-        large = _spec("mlp")
-        large.model_args["hidden"] = "2048"
+        large = _spec("mlp", slots=2 if what == "wide" else 64)
+        if what == "wide":
+            large.model_args["hidden"] = "2048"
         job = await client.create_job(large, job_id="too-large")
         done = await wait_job_done(client, job.job_id, 120)
         assert done.state == coordinator.JOB_STATE_FAILED, done

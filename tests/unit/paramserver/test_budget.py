@@ -33,6 +33,16 @@ def test_the_footprint_counts_optimizer_state_and_step_buffers(kind, momentum, c
     assert budget.footprint(header(10, kind, momentum)) == copies * 10 * MIB
 
 
+def test_the_footprint_counts_a_staged_push_per_slot():
+    """A synchronous step stages every slot's push until the last one arrives."""
+    many = header(10, common.OPTIMIZER_KIND_SGD)
+    many.num_slots = 1000
+    assert budget.footprint(many) == (3 + 1000) * 10 * MIB
+    with pytest.raises(StalwartError) as refused:
+        budget.check_room(many, 1 << 33)  # 8 GiB, where it needs about 9.8
+    assert "the pushes of its 1000 slot(s)" in refused.value.message
+
+
 def test_a_budget_is_shared_by_the_jobs_held():
     held = [header(10), header(4, common.OPTIMIZER_KIND_SGD)]  # 50 + 12 MiB
     assert budget.room(100 * MIB, held) == 38 * MIB
