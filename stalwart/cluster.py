@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from stalwart import meminfo
 from stalwart.api import coordinator
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.errors import RpcError
@@ -56,6 +58,7 @@ SHM_ROOT = Path("/dev/shm/stalwart")
 # Short shutdown grace: a local cluster should stop in seconds, and trainers
 # only need to finish one step.
 _COMMON_FLAGS = ("--grace-seconds", "3")
+PARAMSERVER_MEMORY_SHARE = 4  # each paramserver's budget: 1/4 of the machine (paramserver_budget)
 
 MODULES = {
     "coordinator": "services.coordinator",
@@ -110,6 +113,10 @@ class ClusterConfig:
     """More flags for one member by name, e.g. the demo's heating ``trainer-0``."""
     trainer_env: dict[str, str] = field(default_factory=dict)
     """Environment added to trainers (tests set ``STALWART_FAULTS`` through it)."""
+    paramserver_memory_bytes: int | None = None
+    """Each paramserver's ``--memory-budget-bytes``. None: a quarter of this machine's
+    memory (``PARAMSERVER_MEMORY_SHARE``); 0: no budget, the memory free at each
+    registration, which every service on the machine counts as its own."""
     health: bool = False
     """Start the health service and wire coordinators and trainers to it. ``stalwart up``
     and ``stalwart demo`` turn it on (``--no-health`` opts out); the library default stays
@@ -293,7 +300,9 @@ class LocalCluster:
     # --- life cycle ----------------------------------------------------------------
 
     def _start(self, spec: _Spec) -> Member:
+        budget = paramserver_budget(self.config) if spec.role == "paramserver" else 0
         args = [*_COMMON_FLAGS, "--node-id", spec.name, *spec.args,
+                *(["--memory-budget-bytes", str(budget)] if budget else []),
                 *self.config.extra_args.get(spec.role, ()),
                 *self.config.member_args.get(spec.name, ())]  # fmt: skip
         host = self.config.hosts.get(spec.name)
@@ -375,6 +384,21 @@ def _coordinator_spec(name: str, store_url: str, config: ClusterConfig, health: 
 
 def _health_spec(name: str, coordinators: list[str], port: str) -> _Spec:
     return _Spec(name, "health", ("--coordinator", ",".join(coordinators), "--port", port))
+
+
+def paramserver_budget(config: ClusterConfig, total: int | None = None) -> int:
+    """The ``--memory-budget-bytes`` each paramserver of a local cluster gets (0: none).
+
+    Every service of a local cluster shares one machine, and without a budget each
+    paramserver checks a new job against the memory free at that moment, which its
+    replicas and the trainers count as theirs too: a job of 1,000 slots passed the
+    check on a 24 GiB machine and the OOM killer ended the primary, then a trainer.
+    A quarter of the machine each leaves room for a group's primary, backup and spare
+    holding the same job (``total``: the machine's memory, for tests)."""
+    if config.paramserver_memory_bytes is not None:
+        return config.paramserver_memory_bytes
+    total = meminfo.total_bytes() if total is None else total
+    return total // PARAMSERVER_MEMORY_SHARE if total < sys.maxsize else 0
 
 
 def _paramserver_spec(

@@ -26,6 +26,16 @@ def available_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgr
     return available
 
 
+def total_bytes(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """MemTotal, or the cgroup (v2) limit where it is lower; sys.maxsize off Linux."""
+    try:
+        total = _meminfo_field(proc / "meminfo", "MemTotal")
+    except (OSError, ValueError):
+        return sys.maxsize
+    limit = _read_int(cgroup / "memory.max")
+    return min(total, limit) if limit is not None else total
+
+
 def _stat(path: Path, key: str) -> int:
     try:
         lines = path.read_text().splitlines()
@@ -39,10 +49,14 @@ def _stat(path: Path, key: str) -> int:
 
 
 def _meminfo_available(path: Path) -> int:
+    return _meminfo_field(path, "MemAvailable")
+
+
+def _meminfo_field(path: Path, name: str) -> int:
     for line in path.read_text().splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(f"{name}:"):
             return int(line.split()[1]) * 1024  # kB
-    raise OSError(f"no MemAvailable in {path}")
+    raise OSError(f"no {name} in {path}")
 
 
 def _read_int(path: Path) -> int | None:

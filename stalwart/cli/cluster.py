@@ -53,7 +53,9 @@ def up(
     trainers: int = typer.Option(3, min=0, help="trainers that take slots"),
     standbys: int = typer.Option(1, min=0, help="warm standby trainers"),
     shards: int = typer.Option(1, min=1, help="paramserver shard groups"),
-    backups: int = typer.Option(1, min=0, help="backups per shard group"),
+    backups: int = typer.Option(
+        1, min=0, help="backups per shard group (each group also has a primary and a warm spare)"
+    ),
     store_url: str = typer.Option(
         "",
         help="coordination and checkpoint store; default: a fresh shm:///dev/shm/stalwart/<run>,"
@@ -72,6 +74,12 @@ def up(
         help="fork every service from one detached launcher that imported torch once"
         " (stopped by down); --no-preload: a fresh interpreter per service",
     ),
+    paramserver_memory_mib: int | None = typer.Option(
+        None,
+        min=0,
+        help="each paramserver's memory budget (a job that would take more is refused); "
+        "default: a quarter of this machine's memory; 0: none (what is free at each job)",
+    ),  # fmt: skip
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Start 2 coordinators, paramserver groups, trainers, standbys and the health service
@@ -82,6 +90,8 @@ def up(
         trainers=trainers, standbys=standbys, shards=shards, backups=backups,
         store_url=store_url, runs_root=runs_root, start_timeout_s=timeout, health=health,
         device=device, launcher=preload,
+        paramserver_memory_bytes=None if paramserver_memory_mib is None
+        else paramserver_memory_mib << 20,
     )  # fmt: skip
     console = Console(stderr=True)
     try:

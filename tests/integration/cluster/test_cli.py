@@ -17,7 +17,7 @@ from tests.helpers import assert_eventually
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[3]
-EXIT_INVALID_INPUT, EXIT_UNREACHABLE = 2, 3  # stalwart.cli.output.ExitCode
+EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_UNREACHABLE = 1, 2, 3  # stalwart.cli.output.ExitCode
 
 
 def stalwart(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -85,6 +85,16 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
         assert moved["new_epoch"] > moved["old_epoch"] and moved["new_leader"], moved
         status = json.loads(stalwart("status", "-o", "json", *target).stdout)
         assert status["leader_id"] == moved["new_leader"], status
+
+        # each slot's push is staged on the paramservers, whose budget on one shared
+        # machine is a quarter of it: 1,000 slots of the default mlp (13 GB staged)
+        # are refused at registration; they used to take the cluster down with them
+        many = stalwart("job", "submit", "--model", "mlp", "--slots", "1000", "--steps", "3",
+                        "--wait", "-o", "json", *target, timeout=240)  # fmt: skip
+        assert many.returncode == EXIT_FAILED, many.stderr
+        failed = json.loads(many.stdout)
+        assert failed["state"] == "JOB_STATE_FAILED", failed
+        assert "ModelTooLarge: the model needs about " in failed["reason"], failed["reason"]
 
         bad = stalwart("job", "submit", "--slots", "-1", *target)
         assert bad.returncode == EXIT_INVALID_INPUT

@@ -69,3 +69,25 @@ def test_without_a_budget_the_room_is_what_is_available(tmp_path):
     assert meminfo.available_bytes(proc, cgroup) == 100_000  # the container's limit is less
     (cgroup / "memory.stat").write_text("anon 3000\ninactive_file 2000\nactive_file 0\n")
     assert meminfo.available_bytes(proc, cgroup) == 102_000  # page cache it can drop is room
+
+
+def test_the_machine_total_is_memtotal_or_a_lower_cgroup_limit(tmp_path):
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    assert meminfo.total_bytes(proc, cgroup) == sys.maxsize  # no /proc: not Linux
+    proc.mkdir()
+    cgroup.mkdir()
+    (proc / "meminfo").write_text("MemTotal: 24000000 kB\nMemAvailable: 1000 kB\n")
+    assert meminfo.total_bytes(proc, cgroup) == 24000000 * 1024
+    (cgroup / "memory.max").write_text("max\n")
+    assert meminfo.total_bytes(proc, cgroup) == 24000000 * 1024
+    (cgroup / "memory.max").write_text("8000000000\n")
+    assert meminfo.total_bytes(proc, cgroup) == 8_000_000_000
+
+
+def test_a_local_cluster_gives_each_paramserver_a_quarter_of_the_machine():
+    from stalwart import cluster
+
+    assert cluster.paramserver_budget(cluster.ClusterConfig(), total=24 << 30) == 6 << 30
+    assert cluster.paramserver_budget(cluster.ClusterConfig(), total=sys.maxsize) == 0
+    chosen = cluster.ClusterConfig(paramserver_memory_bytes=0)  # none: what is free
+    assert cluster.paramserver_budget(chosen, total=24 << 30) == 0
