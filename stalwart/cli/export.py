@@ -17,7 +17,14 @@ from pathlib import Path
 
 import typer
 
-from stalwart.cli.output import ExitCode, Output, cli_errors, emit_record, fail
+from stalwart.cli.output import (
+    ExitCode,
+    Output,
+    check_output_file,
+    cli_errors,
+    emit_record,
+    fail,
+)
 from stalwart.cli.target import FROM_FLAGS, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
 
@@ -77,8 +84,11 @@ def export(
              ExitCode.INVALID_INPUT)  # fmt: skip
     if version is not None and min_version:
         fail("give --version or --min-version, not both", ExitCode.INVALID_INPUT)
-    if optimizer_state is not None and optimizer_state.resolve() == out.resolve():
-        fail("--optimizer-state must name another file than -o", ExitCode.INVALID_INPUT)
+    check_output_file(out, "-o/--file")
+    if optimizer_state is not None:
+        check_output_file(optimizer_state, "--optimizer-state")
+        if optimizer_state.resolve() == out.resolve():
+            fail("--optimizer-state must name another file than -o", ExitCode.INVALID_INPUT)
     from stalwart import exporting
 
     got = cluster.call(lambda c: fetch(c, job_id, min_version, version, checkpoint,

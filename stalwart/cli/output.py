@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import wraps
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -47,6 +48,16 @@ _INVALID = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
 def fail(message: str, code: ExitCode) -> None:
     print(f"Error: {message}", file=sys.stderr)
     raise typer.Exit(int(code))
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Exit 2 unless ``path`` can name a file to write: not a folder (an empty value
+    is the current one), in a folder that exists. Checked before any work, so a
+    bad name costs no fetch and writes nothing."""
+    if path.is_dir():
+        fail(f"{flag} {str(path)!r} is a folder: give a file name in it", ExitCode.INVALID_INPUT)
+    if not path.parent.is_dir():
+        fail(f"{flag} {str(path)!r}: no folder {str(path.parent)!r}", ExitCode.INVALID_INPUT)
 
 
 PIPED_WIDTH = 200

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import typer
 
-from stalwart.cli.output import OUTPUT_OPTION, ExitCode, Output, emit, emit_table, fail
+from stalwart.cli.output import (
+    OUTPUT_OPTION,
+    ExitCode,
+    Output,
+    check_output_file,
+    emit,
+    emit_table,
+    fail,
+)
 
 app = typer.Typer(help="Scale simulations driven by our measurements.", no_args_is_help=True)
 
@@ -86,8 +94,8 @@ def ettr(
         )
     if failures not in FAILURE_SOURCES:
         fail(f"--failures must be one of {', '.join(FAILURE_SOURCES)}", ExitCode.INVALID_INPUT)
-    if html and not html.parent.is_dir():
-        fail(f"--html: no folder {html.parent}", ExitCode.INVALID_INPUT)
+    if html:
+        check_output_file(html, "--html")
     if refill not in ("scheduler", "repair"):
         fail("--refill must be scheduler or repair", ExitCode.INVALID_INPUT)
     try:

@@ -1,0 +1,36 @@
+"""A file a command is to write is checked before any work: a folder, an empty name or
+a missing folder is one `Error:` line and exit 2. `job export -o DIR` used to fetch the
+model and then end in a 50-line safetensors traceback (exit 1)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from stalwart.cli.main import app as stalwart
+
+UNREACHABLE = ("-c", "127.0.0.1:1", "--timeout", "0.1")  # never dialled: refused before
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["job", "export", "j", "-o", "{tmp}"], "-o/--file '{tmp}' is a folder"),
+        (["job", "export", "j", "-o", ""], "-o/--file '.' is a folder"),
+        (["job", "export", "j", "-o", "{tmp}/no/such/x.st"], "no folder '{tmp}/no/such'"),
+        (["job", "export", "j", "-o", "{tmp}/w.st", "--optimizer-state", "{tmp}"],
+         "--optimizer-state '{tmp}' is a folder"),
+        (["sim", "ettr", "--gpus", "8", "--days", "1", "--seeds", "1", "--no-anchors",
+          "--html", "{tmp}"], "--html '{tmp}' is a folder"),
+    ],
+)  # fmt: skip
+def test_a_file_that_cannot_be_written_is_refused_first(tmp_path, args, says):
+    argv = [a.format(tmp=tmp_path) for a in args]
+    if argv[0] == "job":
+        argv += UNREACHABLE
+    result = CliRunner().invoke(stalwart, argv)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), lines
+    assert says.format(tmp=tmp_path) in lines[0]
+    assert not list(tmp_path.iterdir())  # nothing written
