@@ -9,6 +9,7 @@ import typer
 from stalwart.api import common, paramserver, paramserver_grpc
 from stalwart.channel import open_channel
 from stalwart.cli.output import OUTPUT_OPTION, Output, cli_errors, emit, emit_table
+from stalwart.cli.target import check_address
 from stalwart.errors import RpcError
 
 app = typer.Typer(
@@ -20,6 +21,8 @@ TIMEOUT_S = 10.0
 
 
 def _call(address: str, method: str, request):
+    check_address(address, "--address")
+
     async def go():
         channel = open_channel(address)
         try:

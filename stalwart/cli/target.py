@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 import time
 import typing
@@ -55,10 +56,27 @@ LONG_TIMEOUT = typer.Option(
 )  # fmt: skip
 
 
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")  # [v6] or a name / v4 address
+
+
+def check_address(text: str, flag: str) -> str:
+    """``host:port`` as given, or exit 2 with one line: a malformed address (a scheme,
+    no port, a port past 65535, a space) was dialled until --timeout and reported as
+    an unreachable cluster."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        fail(f"{flag} {text!r} is not host:port (a port 1-65535; [v6 address]:port)",
+             ExitCode.INVALID_INPUT)  # fmt: skip
+    return text
+
+
 def addresses(coordinator: str, run_dir: Path | None) -> list[str]:
     """The coordinator addresses to dial, or exit with one readable line."""
     if coordinator.strip():
-        return [a.strip() for a in coordinator.split(",") if a.strip()]
+        given = [a.strip() for a in coordinator.split(",") if a.strip()]
+        if not given:
+            fail(f"--coordinator {coordinator!r} names no address", ExitCode.INVALID_INPUT)
+        return [check_address(a, "--coordinator") for a in given]
     try:
         run = cluster.find_run(run_dir)
         local = cluster.load(run)

@@ -1,6 +1,7 @@
-"""A file a command is to write is checked before any work: a folder, an empty name or
-a missing folder is one `Error:` line and exit 2. `job export -o DIR` used to fetch the
-model and then end in a 50-line safetensors traceback (exit 1)."""
+"""Flags naming a file to write or an address to dial are checked before any work: a
+file that is a folder, empty or in no folder, and an address that is not host:port, are
+one `Error:` line and exit 2. `job export -o DIR` used to fetch the model and then end
+in a 50-line safetensors traceback (exit 1)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,17 @@ def test_a_file_that_cannot_be_written_is_refused_first(tmp_path, args, says):
     assert len(lines) == 1 and lines[0].startswith("Error: "), lines
     assert says.format(tmp=tmp_path) in lines[0]
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize(
+    "address", ["[::1]:x", ":", "host:99999", "a b:1", "http://127.0.0.1:1", "127.0.0.1:-1", "h"]
+)
+@pytest.mark.parametrize(
+    ("command", "flag"), [(["jobs", "-c"], "--coordinator"), (["ps", "status", "-a"], "--address")]
+)
+def test_a_malformed_address_is_refused_at_once(address, command, flag):
+    """It used to be dialled until --timeout and reported as an unreachable cluster."""
+    result = CliRunner().invoke(stalwart, [*command, address])
+    assert result.exit_code == 2, result.output
+    want = f"Error: {flag} {address!r} is not host:port (a port 1-65535; [v6 address]:port)"
+    assert result.stderr.strip() == want
