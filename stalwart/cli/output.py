@@ -71,14 +71,10 @@ def cli_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except RpcError as err:
-            if err.code in _UNREACHABLE:
-                fail(f"cannot reach the cluster: {err.message}", ExitCode.UNREACHABLE)
-            code = ExitCode.INVALID_INPUT if err.code in _INVALID else ExitCode.REFUSED
-            fail(f"{err.reason}: {err.message}", code)
+            _fail_rpc(err, f"{err.reason}: {err.message}")
         except grpc.RpcError as exc:
             err = RpcError.from_grpc(exc)
-            code = ExitCode.UNREACHABLE if err.code in _UNREACHABLE else ExitCode.REFUSED
-            fail(f"{err.code.name}: {err.message}", code)
+            _fail_rpc(err, f"{err.code.name}: {err.message}")
         except StalwartError as err:
             fail(str(err), ExitCode.INVALID_INPUT)
         except OSError as exc:  # a path that cannot be made, read or written
@@ -89,6 +85,20 @@ def cli_errors(fn: Callable) -> Callable:
                  ExitCode.INVALID_INPUT)  # fmt: skip
 
     return wrapper
+
+
+def _fail_rpc(err: RpcError, refused: str) -> None:
+    """One line and the exit code for an RPC that failed; ``refused``: the line for a
+    refusal by the cluster."""
+    if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        fail(f"cannot reach the cluster: no answer in time ({err.message}); --timeout "
+             "gives a slow cluster longer", ExitCode.UNREACHABLE)  # fmt: skip
+    if err.code in _UNREACHABLE:
+        fail(f"cannot reach the cluster: {err.message}", ExitCode.UNREACHABLE)
+    if err.code == grpc.StatusCode.UNIMPLEMENTED:
+        fail(f"the address answers but does not serve this call ({err.message}): is it "
+             "the right service's address?", ExitCode.INVALID_INPUT)  # fmt: skip
+    fail(refused, ExitCode.INVALID_INPUT if err.code in _INVALID else ExitCode.REFUSED)
 
 
 def to_data(value: Any) -> Any:

@@ -5,6 +5,9 @@ in a 50-line safetensors traceback (exit 1)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
 import pytest
 from typer.testing import CliRunner
 
@@ -49,3 +52,24 @@ def test_a_malformed_address_is_refused_at_once(address, command, flag):
     assert result.exit_code == 2, result.output
     want = f"Error: {flag} {address!r} is not host:port (a port 1-65535; [v6 address]:port)"
     assert result.stderr.strip() == want
+
+
+def test_an_address_of_another_service_is_named_as_such():
+    """A coordinator's call at a server that does not serve it (a paramserver's address)
+    was exit 4 with gRPC's bare 'Method not found!'."""
+
+    def invoke(port: int):
+        return CliRunner().invoke(stalwart, ["jobs", "-c", f"127.0.0.1:{port}"])
+
+    async def ask():
+        server = grpc.aio.server()  # serves no method at all
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            return await asyncio.to_thread(invoke, port)
+        finally:
+            await server.stop(None)
+
+    result = asyncio.run(ask())
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("Error: the address answers but does not serve this call (")
