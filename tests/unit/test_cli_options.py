@@ -108,7 +108,7 @@ def test_usage_errors_end_in_one_plain_error_line(args: list[str], error: str) -
          "Error: Value out of range: 99999999999999999999"),
         (["up", "--runs-root", "/proc/no-such-folder"],
          "Error: /proc/no-such-folder: No such file or directory"),
-        (["jobs", "-c", ","], "Error: CoordinatorClient needs at least one address"),
+        (["jobs", "-c", ","], "Error: --coordinator ',' names no address"),
         (["job", "submit", "--steps", "0", "-c", "127.0.0.1:1"],
          "Error: --steps 0: give 1 or more, or leave it out for the model's default"),
         (["job", "submit", "--shards", "0", "-c", "127.0.0.1:1"],
