@@ -20,6 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from stalwart.errors import RpcError, StalwartError
 
@@ -119,8 +120,18 @@ def emit_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
     for column in columns:
         table.add_column(column, overflow="fold")  # a narrow terminal wraps an id, never cuts it
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        table.add_row(*(table_cell(v) for v in row))
     table_console().print(table)
+
+
+def table_cell(value: Any) -> Text:
+    """A value as a table shows it: plain text, never markup (a reason holding
+    ``[red]`` stays as written), and control characters escaped (an ESC sequence in a
+    job's reason, set by any client, used to reach the terminal and restyle it)."""
+    text = "" if value is None else str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return Text(text)
 
 
 def table_console() -> Console:

@@ -73,3 +73,13 @@ def test_an_address_of_another_service_is_named_as_such():
     result = asyncio.run(ask())
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("Error: the address answers but does not serve this call (")
+
+
+def test_a_table_shows_control_characters_and_markup_as_written(capsys):
+    """A job's reason is any client's text: an ESC sequence in it used to reach the
+    terminal, and rich markup in it was rendered."""
+    from stalwart.cli.output import emit_table
+
+    emit_table("jobs", ["job", "reason"], [("j1", "r\x1b[31mRED [bold]x[/bold]\nnext")])
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "r\\x1b[31mRED [bold]x[/bold]\\nnext" in shown
