@@ -52,6 +52,12 @@ async def pull_live(
     from stalwart.demo.watch import param_client, pull_weights
 
     job = await client.get_job(job_id)
+    if job.state in FINISHED and min_version > job.step:
+        raise StalwartError(
+            ErrorKind.FAILED_PRECONDITION,
+            f"job {job_id} has ended at version {job.step}; it will never reach "
+            f"--min-version {min_version}",
+        )
     ps = await param_client(client, job_id, job.spec)
     try:
         version, tensors = await pull_weights(ps, job_id, min_version, optimizer_state)
