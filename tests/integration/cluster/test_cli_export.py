@@ -117,9 +117,7 @@ def test_export_weights_optimizer_state_version_and_checkpoint(local, tmp_path):
     past = stalwart("job", "export", job_id, "-o", str(tmp_path / "p.st"), "--min-version",
                     "5000", *target)  # fmt: skip
     assert past.returncode == EXIT_INVALID_INPUT, past.stderr
-    assert "has ended at version 12; it will never reach --min-version 5000" in one_error_line(
-        past
-    )
+    assert "has ended at version 12; it will never reach --min-version 5000" in one_error_line(past)
 
     # a version the job neither holds nor checkpointed: refused, naming the saved steps
     missing = min(set(range(1, 12)) - set(by_step))
