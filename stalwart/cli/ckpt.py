@@ -83,13 +83,28 @@ class Source:
         self,
         in_store: Callable[[Any, Any], T],
         via_coordinator: Callable[[CoordinatorClient], Awaitable[T]],
+        checkpoint_id: str = "",
     ) -> T:
-        """``in_store(ckpt, store)`` with --store-url, else ``via_coordinator(client)``.
+        """``in_store(ckpt, store)`` with --store-url, else ``via_coordinator(client)``,
+        once ``checkpoint_id`` is found to be --job's (the coordinator finds a
+        checkpoint by its id alone, and `rm -j` deleted another job's).
 
         ``ckpt`` is stalwart.checkpoint, imported only here: it imports torch (slow).
         """
         if not self.store_url:
-            return self.cluster.call(via_coordinator)
+
+            async def checked(client: CoordinatorClient) -> T:
+                if self.job and checkpoint_id:
+                    owner = (await client.get_checkpoint(checkpoint_id)).job_id
+                    if owner != self.job:
+                        raise StalwartError(
+                            ErrorKind.INVALID_ARGUMENT,
+                            f"checkpoint {checkpoint_id!r} belongs to job {owner!r}, not to "
+                            f"{self.job!r} (--job); nothing was done",
+                        )
+                return await via_coordinator(client)
+
+            return self.cluster.call(checked)
         from stalwart import checkpoint as ckpt
 
         with _open(self.store_url) as store:
@@ -175,6 +190,7 @@ def show(
     m = source.ask(
         lambda ckpt, store: ckpt.load_manifest(store, source.job_of(checkpoint_id), checkpoint_id),
         lambda client: client.get_checkpoint(checkpoint_id),
+        checkpoint_id,
     )
     emit_record(output, f"checkpoint {m.checkpoint_id}", m, _details)
 
@@ -206,6 +222,7 @@ def verify(
             ckpt, store, source.job_of(checkpoint_id), checkpoint_id
         ),
         lambda client: _verify_via_coordinator(client, checkpoint_id),
+        checkpoint_id,
     )
     emit_record(output, f"verify {checkpoint_id}", result)
     if not result["ok"]:
@@ -253,6 +270,7 @@ def rm(
             store, source.job_of(checkpoint_id), checkpoint_id
         ),
         lambda client: client.delete_checkpoint(checkpoint_id),
+        checkpoint_id,
     )
     emit(
         output,

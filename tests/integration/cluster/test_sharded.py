@@ -111,6 +111,12 @@ def test_ckpt_create_checkpoints_both_groups_of_a_running_job(sharded):
         assert versions == {0: step, 1: step}, manifest["shards"]
         checked = stalwart("ckpt", "verify", manifest["checkpoint_id"], "-o", "json", *target)
         assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stderr
+        # -j names another job: refused, and the checkpoint is still there
+        other = stalwart("ckpt", "rm", manifest["checkpoint_id"], "-j", "another-job", *target)
+        assert other.returncode == EXIT_INVALID_INPUT, other.stderr
+        assert f"belongs to job {job_id!r}, not to 'another-job'" in one_error_line(other)
+        kept = stalwart("ckpt", "show", manifest["checkpoint_id"], "-j", job_id, *target)
+        assert kept.returncode == 0, kept.stderr
     finally:
         stalwart("job", "cancel", job_id, *target)
     ended = stalwart("ckpt", "create", job_id, *target)
