@@ -96,6 +96,9 @@ def build_spec(
         if value == 0:  # 0 on the wire is "the default": a 400-step job for --steps 0
             fail(f"{flag} 0: give 1 or more, or leave it out for the model's default",
                  ExitCode.INVALID_INPUT)  # fmt: skip
+    if lr == 0:  # likewise: lr 0 on the wire is the model's rate, not "no updates"
+        fail("--lr 0: give a rate above 0, or leave it out for the model's default",
+             ExitCode.INVALID_INPUT)  # fmt: skip
     defaults = BUILTIN_DEFAULTS.get(model, FALLBACK)
     model_args = parse_model_args(args)
     spec = coordinator.JobSpec()

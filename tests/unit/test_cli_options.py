@@ -111,6 +111,8 @@ def test_usage_errors_end_in_one_plain_error_line(args: list[str], error: str) -
         (["jobs", "-c", ","], "Error: --coordinator ',' names no address"),
         (["job", "submit", "--steps", "0", "-c", "127.0.0.1:1"],
          "Error: --steps 0: give 1 or more, or leave it out for the model's default"),
+        (["job", "submit", "--lr", "0", "-c", "127.0.0.1:1"],
+         "Error: --lr 0: give a rate above 0, or leave it out for the model's default"),
         (["job", "submit", "--shards", "0", "-c", "127.0.0.1:1"],
          "Error: --shards 0: give 1 or more, or leave it out for the model's default"),
         (["job", "export", "j", "-o", "json", "-c", "127.0.0.1:1"],
