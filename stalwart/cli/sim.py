@@ -54,11 +54,14 @@ def ettr(
     recall: float = typer.Option(
         None, min=0.0, max=1.0, help="predictor recall (default: measured)"
     ),
-    gray_per_failure: float = typer.Option(0.25, min=0.0, help="gray failures per hard failure"),
+    # upper bounds too: inf passed `min` alone, and gave Infinity in the JSON or ran for ever
+    gray_per_failure: float = typer.Option(
+        0.25, min=0.0, max=100.0, help="gray failures per hard failure"
+    ),
     replica_gpus: int = typer.Option(128, min=1, help="GPUs per data-parallel replica (TP x PP)"),
-    params_b: float = typer.Option(405.0, min=0.001, help="model parameters, billions"),
+    params_b: float = typer.Option(405.0, min=0.001, max=1e6, help="model parameters, billions"),
     step_s: float = typer.Option(
-        6.0, min=0.001, help="step time at 16,384 GPUs (fixed global batch)"
+        6.0, min=0.001, max=86400.0, help="step time at 16,384 GPUs (fixed global batch)"
     ),
     recovery_json: Path = typer.Option(
         None, "--recovery", help="stalwart bench recovery -o json", **_JSON

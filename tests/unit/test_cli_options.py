@@ -111,6 +111,8 @@ def test_usage_errors_end_in_one_plain_error_line(args: list[str], error: str) -
         (["jobs", "-c", ","], "Error: --coordinator ',' names no address"),
         (["job", "submit", "--steps", "0", "-c", "127.0.0.1:1"],
          "Error: --steps 0: give 1 or more, or leave it out for the model's default"),
+        (["sim", "ettr", "--gpus", "8", "--days", "1", "--seeds", "1", "--params-b", "inf"],
+         "Error: Invalid value for '--params-b': Input should be less than or equal to 1000000"),
         (["job", "submit", "--lr", "0", "-c", "127.0.0.1:1"],
          "Error: --lr 0: give a rate above 0, or leave it out for the model's default"),
         (["job", "submit", "--shards", "0", "-c", "127.0.0.1:1"],
