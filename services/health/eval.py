@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--dataset", required=True)
-    ap.add_argument("--output", choices=["table", "json"], default="table")
+    ap.add_argument("--output", "-o", choices=["table", "json"], default="table")
     ap.add_argument(
         "--machines", nargs="*", default=None, help="smd, asd: evaluate only these machines"
     )

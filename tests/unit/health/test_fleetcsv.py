@@ -211,7 +211,7 @@ def test_csv_detection_runs_leave_machines_out_end_to_end(tmp_path, capsys):
         lines += [f"n{k},{i},{x[i, 0]:.4f},{x[i, 1]:.4f},{int(250 <= i < 260)}" for i in range(300)]
     p = _write(tmp_path, lines)
     rc = health_eval.main(
-        ["--dataset", f"csv:{p}", "--holdout-machines", "--output", "json", "--no-progress"]
+        ["--dataset", f"csv:{p}", "--holdout-machines", "-o", "json", "--no-progress"]
     )
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["task"] == "detection_holdout"
