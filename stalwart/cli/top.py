@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
 import typer
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -271,6 +272,15 @@ async def _live(cluster: Target, addresses: list[str], health_address: str, inte
         try:
             frame = await take_frame(client, health_address, list(events))
             rates.update(frame.jobs, frame.taken_at)  # the baseline of the first rates
+            if not Console().is_terminal:
+                # Piped or logged, as `top -b`: each frame printed whole, one after
+                # another (a live display draws nothing there until it stops).
+                while True:
+                    _print_frame(frame)
+                    sys.stdout.flush()
+                    await asyncio.sleep(interval)
+                    frame = await take_frame(client, health_address, list(events))
+                    frame.rates = rates.update(frame.jobs, frame.taken_at)
             with Live(render(frame), auto_refresh=False, screen=False) as live:
                 while True:
                     await asyncio.sleep(interval)

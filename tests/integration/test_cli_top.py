@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +72,29 @@ def test_top_once_shows_the_cluster(launcher, shm_url):  # noqa: F811
     assert data["risks"] is None  # no --health given
     kinds = {e["kind"] for e in data["events"]}
     assert common.EventKind.Name(common.EVENT_KIND_NODE_REGISTERED) in kinds
+
+    # piped, the live view prints frame after frame (it used to print nothing at all)
+    assert _frames_piped(coord.address, 2) == 2
+
+
+def _frames_piped(address: str, wanted: int) -> int:
+    """How many whole frames a piped `stalwart top` printed, reading until ``wanted``."""
+    proc = subprocess.Popen([sys.executable, "-m", "stalwart.cli.main", "top", "--interval",
+                             "0.2", "--coordinator", address], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    frames = 0
+    stop = threading.Timer(60, proc.kill)  # a top that prints nothing ends the read
+    stop.start()
+    try:
+        for line in proc.stdout:
+            frames += "leader c1 at" in line
+            if frames == wanted:
+                break
+    finally:
+        stop.cancel()
+        proc.kill()
+        proc.wait(timeout=30)
+    return frames
 
 
 def test_top_without_a_cluster_says_so_in_one_line(tmp_path):
