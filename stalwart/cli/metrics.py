@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from stalwart.api import coordinator, paramserver
 from stalwart.cli.output import (
@@ -152,7 +153,8 @@ async def follow(
 async def read_all(client: CoordinatorClient, job_id: str):
     job = await client.get_job(job_id)  # NOT_FOUND for an unknown job
     async with JobMetricsReader(client, job_id) as reader:
-        return job, await reader.new_records()
+        records = await reader.new_records()
+        return job, records, reader.unheld
 
 
 @cli_errors
@@ -171,7 +173,7 @@ def metrics(
         if follow_:
             _follow(cluster, job_id, interval, output, board)
             return
-        job, records = cluster.call(lambda c: read_all(c, job_id))
+        job, records, unheld = cluster.call(lambda c: read_all(c, job_id))
         for r in records:
             if board is not None:
                 board.num_slots = max(job.spec.num_slots, 1)
@@ -180,6 +182,11 @@ def metrics(
             emit_json([record_data(r) for r in records])
         else:
             emit_table(f"metrics of {job_id}", COLUMNS, all_lines(records, job.spec.num_slots))
+            if unheld and job.state in FINISHED:
+                Console(stderr=True).print(
+                    f"(no rows: job {job_id} has ended and its paramservers no longer hold "
+                    "its history; they keep the jobs that ended last, --keep-finished-models)"
+                )
     finally:
         if board is not None:
             board.close()

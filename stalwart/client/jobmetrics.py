@@ -50,6 +50,9 @@ class JobMetricsReader:
         self._after = 0
         self._seen: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         self.summary = paramserver.JobMetricsSummary()
+        # no replica held the job at the last read: not registered yet, or (a job that
+        # ended) its model and history released (--keep-finished-models)
+        self.unheld = False
 
     async def __aenter__(self) -> JobMetricsReader:
         return self
@@ -104,6 +107,7 @@ class JobMetricsReader:
                 page_size=PAGE_SIZE, after_sequence=self._after
             )
             page = await self._list(request)
+            self.unheld = page is None
             if page is None:
                 return out
             if page.summary.history_id != self._history_id:

@@ -4,6 +4,12 @@ exporting a released job says what to do instead."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from stalwart import exporting, models, schedule, training
@@ -16,6 +22,8 @@ from tests.integration.coordinator.support import wait_leader
 from tests.integration.coordinator.test_paramserver_failover import replica_status
 
 pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def register(client: CoordinatorClient, job_id: str, spec) -> None:
@@ -70,3 +78,17 @@ async def test_finished_models_past_the_limit_are_deleted_from_every_replica(clu
         assert "--checkpoint" in caught.value.message
         kept = await exporting.pull_live(client, "third")
         assert kept.version == 0 and kept.weights
+
+    # its metrics: no rows, and a note on stderr saying why (it used to be an empty
+    # table and nothing else)
+    target = ("--coordinator", coord.address)
+    shown = await asyncio.to_thread(_cli, "job", "metrics", "first", *target)
+    assert shown.returncode == 0, shown.stderr
+    assert "no longer hold its history" in shown.stderr and "--keep-finished-models" in shown.stderr
+    listed = await asyncio.to_thread(_cli, "job", "metrics", "first", "-o", "json", *target)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [] and not listed.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stalwart.cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
