@@ -39,6 +39,10 @@ log = structlog.get_logger(__name__)
 EV = common  # event kinds live in common.proto
 
 
+# Roles a drain would mark and change nothing for: draining is moving a trainer's work.
+NOT_DRAINED = frozenset({Role.PARAMSERVER, Role.COORDINATOR, Role.HEALTH})
+
+
 @dataclass
 class Directions:
     """What a heartbeat answers: the node, its directive and what it holds."""
@@ -378,6 +382,13 @@ class Control:
         async with self.lock:
             self.require_leader()
             node = self._node(node_id)
+            if node.role in NOT_DRAINED:
+                raise StalwartError(
+                    ErrorKind.FAILED_PRECONDITION,
+                    f"node {node_id!r} is a {node.role.value}: only trainers are drained "
+                    "(their slots move to others); a replica of another service is taken "
+                    "out by stopping it, and its group or election replaces it",
+                )
             if drain.decide_drain(node.state) is drain.DrainDecision.START:
                 node.state = NodeState.DRAINING
                 self._dirty_nodes.add(node_id)

@@ -120,3 +120,21 @@ async def test_a_quarantined_trainer_comes_back_only_when_released(cluster):
             if event.kind == common.EVENT_KIND_NODE_UNDRAINED:
                 assert event.node_id == "q" and "was quarantined" in event.message
                 break
+
+
+async def test_only_trainers_are_drained(cluster):
+    """Draining marked a paramserver DRAINING and changed nothing else: refused now."""
+    c = cluster.coordinator("c1")
+    await wait_leader(c.address)
+    async with CoordinatorClient(c.address) as client:
+        ps = NodeSession(client, common.NODE_ROLE_PARAMSERVER, "127.0.0.1:5", node_id="ps")
+        await ps.start()
+        try:
+            with pytest.raises(RpcError) as info:
+                await client.drain_node("ps", reason="maintenance")
+            assert info.value.kind is ErrorKind.FAILED_PRECONDITION
+            assert "is a paramserver: only trainers are drained" in info.value.message
+            nodes = {n.node_id: n for n in await client.all_nodes()}
+            assert nodes["ps"].state == coordinator.NODE_STATE_ALIVE  # nothing applied
+        finally:
+            await ps.stop()
