@@ -18,7 +18,7 @@ from stalwart.cli.output import (
     emit_table,
     fail,
 )
-from stalwart.cli.target import RUN_DIR
+from stalwart.cli.target import RUN_DIR, from_environment
 
 RUNS_ROOT = typer.Option(
     cluster.DEFAULT_RUNS_ROOT, "--runs-root", help="where run folders go (runs/<timestamp>)"
@@ -150,6 +150,8 @@ def down(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Stop a local cluster (SIGTERM, then SIGKILL after --timeout) and free its store."""
+    if from_environment("STALWART_RUN_DIR", run_dir) and runs_root != cluster.DEFAULT_RUNS_ROOT:
+        run_dir = None  # --runs-root typed now beats an exported STALWART_RUN_DIR
     try:
         folder = cluster.find_run(run_dir, runs_root)
         local, running = cluster.stop_run(folder, timeout)

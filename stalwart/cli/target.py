@@ -1,7 +1,9 @@
 """Which cluster a command talks to: ``--coordinator`` addresses, or the local run folder.
 
 Precedence: ``--coordinator`` (or ``STALWART_COORDINATOR``), then ``--run-dir``
-(or ``STALWART_RUN_DIR``), then ``runs/latest`` as left by ``stalwart up``.
+(or ``STALWART_RUN_DIR``), then ``runs/latest`` as left by ``stalwart up``; a flag
+given on the command line beats an environment variable of a higher rank (an
+exported ``STALWART_COORDINATOR`` does not override ``--run-dir`` typed now).
 
 A command takes the three flags as one parameter, ``cluster: Target = FROM_FLAGS``,
 under the ``option_groups`` decorator; other groups of flags work the same way.
@@ -13,6 +15,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import os
 import re
 import sys
 import time
@@ -70,8 +73,18 @@ def check_address(text: str, flag: str) -> str:
     return text
 
 
+def from_environment(variable: str, value: object) -> bool:
+    """Whether a flag's ``value`` is what its environment ``variable`` holds: taken
+    from there rather than typed (typing the same value again changes nothing)."""
+    exported = os.environ.get(variable)
+    return exported is not None and value is not None and str(value) == exported
+
+
 def addresses(coordinator: str, run_dir: Path | None) -> list[str]:
     """The coordinator addresses to dial, or exit with one readable line."""
+    exported = from_environment("STALWART_COORDINATOR", coordinator)
+    if exported and run_dir is not None and not from_environment("STALWART_RUN_DIR", run_dir):
+        coordinator = ""  # --run-dir typed now beats an exported STALWART_COORDINATOR
     if coordinator.strip():
         given = [a.strip() for a in coordinator.split(",") if a.strip()]
         if not given:

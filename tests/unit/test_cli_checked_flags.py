@@ -83,3 +83,16 @@ def test_a_table_shows_control_characters_and_markup_as_written(capsys):
     emit_table("jobs", ["job", "reason"], [("j1", "r\x1b[31mRED [bold]x[/bold]\nnext")])
     shown = capsys.readouterr().out
     assert "\x1b" not in shown and "r\\x1b[31mRED [bold]x[/bold]\\nnext" in shown
+
+
+def test_a_flag_typed_now_beats_an_exported_variable_of_a_higher_rank(tmp_path):
+    """An exported STALWART_COORDINATOR used to override --run-dir typed on the command
+    line, and STALWART_RUN_DIR a typed --runs-root (down stopped the other cluster)."""
+    typed, exported = tmp_path / "typed", tmp_path / "exported"
+    env = {"STALWART_COORDINATOR": "foo:1"}
+    result = CliRunner().invoke(stalwart, ["status", "--run-dir", str(typed)], env=env)
+    assert result.exit_code == 3 and f"no cluster state in {typed}" in result.stderr
+    result = CliRunner().invoke(stalwart, ["down", "--runs-root", str(typed)],
+                                env={"STALWART_RUN_DIR": str(exported)})  # fmt: skip
+    assert result.exit_code == 2 and str(typed) in result.stderr, result.stderr
+    assert str(exported) not in result.stderr
