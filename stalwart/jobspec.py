@@ -181,8 +181,9 @@ def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> 
     if not 0 <= spec.micro_batches <= MAX_MICRO_BATCHES:
         raise _bad(f"micro_batches must be in [0, {MAX_MICRO_BATCHES}], got {spec.micro_batches}")
     _check_local_steps(spec)
-    if spec.num_shards < 0 or spec.checkpoint_interval < 0:
-        raise _bad("num_shards and checkpoint_interval must be >= 0")
+    for name in ("num_shards", "checkpoint_interval"):
+        if getattr(spec, name) < 0:
+            raise _bad(f"{name} must be >= 0, got {getattr(spec, name)}")
     if spec.eval_every < 0:
         raise _bad(f"eval_every must be >= 0 (0: no evaluation), got {spec.eval_every}")
     if spec.num_shards > MAX_SHARDS:

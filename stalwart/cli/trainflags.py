@@ -126,7 +126,8 @@ class TrainingFlags:
             # typo here rather than as a job whose trainers cannot start it
             path = self.init_from.expanduser().resolve()
             if not path.is_file():
-                fail(f"--init-from {self.init_from}: no such file", ExitCode.INVALID_INPUT)
+                what = "a folder, not a file" if path.is_dir() else "no such file"
+                fail(f"--init-from {self.init_from}: {what}", ExitCode.INVALID_INPUT)
             spec.init_from = str(path)
         return spec
 
