@@ -71,6 +71,9 @@ def parse_model_args(args: list[str]) -> dict[str, str]:
     return out
 
 
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
 def build_spec(
     model: str,
     slots: int | None,
@@ -96,6 +99,9 @@ def build_spec(
         if value == 0:  # 0 on the wire is "the default": a 400-step job for --steps 0
             fail(f"{flag} 0: give 1 or more, or leave it out for the model's default",
                  ExitCode.INVALID_INPUT)  # fmt: skip
+        largest = INT64_MAX if flag == "--steps" else INT32_MAX  # what the JobSpec field holds
+        if value is not None and value > largest:
+            fail(f"{flag} {value}: at most {largest:,}", ExitCode.INVALID_INPUT)
     if lr == 0:  # likewise: lr 0 on the wire is the model's rate, not "no updates"
         fail("--lr 0: give a rate above 0, or leave it out for the model's default",
              ExitCode.INVALID_INPUT)  # fmt: skip

@@ -105,7 +105,7 @@ def test_usage_errors_end_in_one_plain_error_line(args: list[str], error: str) -
     "args, error",
     [  # each used to end in a traceback, or to act before refusing
         (["job", "submit", "--steps", "99999999999999999999", "-c", "127.0.0.1:1"],
-         "Error: Value out of range: 99999999999999999999"),
+         "Error: --steps 99999999999999999999: at most 9,223,372,036,854,775,807"),
         (["up", "--runs-root", "/proc/no-such-folder"],
          "Error: /proc/no-such-folder: No such file or directory"),
         (["jobs", "-c", ","], "Error: --coordinator ',' names no address"),
