@@ -68,7 +68,7 @@ def _replica_tables(resp: paramserver.GetReplicaStatusResponse) -> None:
 @cli_errors
 def promote(
     address: str = ADDRESS,
-    epoch: int = typer.Option(..., help="new epoch, higher than every replica's"),
+    epoch: int = typer.Option(..., min=1, help="new epoch, higher than every replica's"),
     backups: list[str] = typer.Option([], "--backup", "-b", help="backup host:port (repeat)"),
     output: Output = OUTPUT_OPTION,
 ) -> None:
