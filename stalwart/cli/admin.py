@@ -43,7 +43,10 @@ def _slots_text(n: coordinator.Node) -> str:
 def node_row(n: coordinator.Node) -> tuple:
     role = enum_name(common.NodeRole, n.role, "NODE_ROLE_")
     if n.role == common.NODE_ROLE_PARAMSERVER:
-        work = f"shard {n.shard} {enum_name(common.ReplicaRole, n.replica_role, 'REPLICA_ROLE_')}"
+        replica = enum_name(common.ReplicaRole, n.replica_role, "REPLICA_ROLE_")
+        if n.state == coordinator.NODE_STATE_DEAD:  # its role is the last one polled
+            replica = f"(was {replica})" if replica else ""
+        work = f"shard {n.shard} {replica}".rstrip()
     elif n.job_id:
         work = f"{n.job_id} " + (_slots_text(n) if n.slot >= 0 else "standby")
     else:
