@@ -121,10 +121,14 @@ class Target:
     def addresses(self) -> list[str]:
         return addresses(self.coordinator, self.run_dir)
 
+    def attempt_s(self) -> float:
+        """How long one attempt of a call may take (the next replica is tried after)."""
+        return min(self.timeout, 5.0)
+
     def client(self, targets: list[str]) -> CoordinatorClient:
         """A leader-following client of ``targets`` that keeps trying for --timeout."""
         return CoordinatorClient(
-            targets, call_timeout_s=min(self.timeout, 5.0), retry_for_s=self.timeout,
+            targets, call_timeout_s=self.attempt_s(), retry_for_s=self.timeout,
             on_retry=StillTrying.on_terminal(targets, self.timeout),
         )  # fmt: skip
 
@@ -148,11 +152,8 @@ class LongTarget(Target):
 
     timeout: float = LONG_TIMEOUT
 
-    def client(self, targets: list[str]) -> CoordinatorClient:
-        return CoordinatorClient(
-            targets, call_timeout_s=self.timeout, retry_for_s=self.timeout,
-            on_retry=StillTrying.on_terminal(targets, self.timeout),
-        )  # fmt: skip
+    def attempt_s(self) -> float:
+        return self.timeout
 
     def call(self, fn: Callable[[CoordinatorClient], Awaitable[T]], doing: str = "waiting") -> T:
         """:meth:`Target.call`, with ``doing`` beside a spinner while it runs."""
