@@ -158,19 +158,17 @@ async def wait_for(
         TextColumn("steps"), TimeElapsedColumn(),
         console=Console(stderr=True), disable=not show, transient=False,
     )  # fmt: skip
-    with progress:
+    with progress:  # closed before the error line, so the bar's last draw sits above it
         bar = progress.add_task(job.job_id, total=job.spec.steps)
-        while job.state not in FINISHED:
-            if time.monotonic() > deadline:
-                fail(
-                    f"job {job.job_id} still {enum_name(coordinator.JobState, job.state, 'JOB_STATE_')}"
-                    f" at step {job.step} after {timeout_s:.0f}s",
-                    ExitCode.FAILED,
-                )
+        while job.state not in FINISHED and time.monotonic() <= deadline:
             await asyncio.sleep(0.5)
             job = await client.get_job(job.job_id)
             state = enum_name(coordinator.JobState, job.state, "JOB_STATE_")
             progress.update(bar, completed=job.step, description=f"{job.job_id} {state}")
+    if job.state not in FINISHED:
+        state = enum_name(coordinator.JobState, job.state, "JOB_STATE_")
+        fail(f"job {job.job_id} still {state} at step {job.step} after {timeout_s:.0f}s",
+             ExitCode.FAILED)  # fmt: skip
     return job
 
 
