@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import typer
+from rich.console import Console
 
 from stalwart.api import common, coordinator
 from stalwart.cli.output import (
@@ -140,8 +141,22 @@ def drain(
     cluster: Target = FROM_FLAGS,
 ) -> None:
     """Move a node's slot to a standby (or a free trainer), then give it no more work."""
-    found = cluster.call(lambda c: c.drain_node(node, reason))
+    found, unheld = cluster.call(lambda c: _drain(c, node, reason))
     emit(output, found, lambda: emit_table("drained", NODE_COLUMNS, [node_row(found)]))
+    if output is Output.table:
+        for job_id, slots in unheld.items():  # the last trainer drained: said, not hidden
+            Console(stderr=True).print(
+                f"note: job {job_id} has no trainer for slot(s) {', '.join(map(str, slots))} "
+                f"now; it waits until one registers, or `stalwart undrain {node}`"
+            )
+
+
+async def _drain(client: CoordinatorClient, node: str, reason: str):
+    """Drain ``node``; the node, and each running job's slots that no trainer holds now."""
+    found = await client.drain_node(node, reason)
+    running = await client.all_jobs(coordinator.JOB_STATE_RUNNING)
+    unheld = {j.job_id: [s.slot for s in j.slots if not s.node_id] for j in running}
+    return found, {job_id: slots for job_id, slots in unheld.items() if slots}
 
 
 def undrain(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,8 @@ from stalwart.errors import ErrorKind, RpcError
 from tests.integration.coordinator.support import job_spec, wait_leader
 
 pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def beat_until(session: NodeSession, done, tries: int = 100) -> None:
@@ -138,3 +143,19 @@ async def test_only_trainers_are_drained(cluster):
             assert nodes["ps"].state == coordinator.NODE_STATE_ALIVE  # nothing applied
         finally:
             await ps.stop()
+
+
+async def test_draining_the_last_trainer_says_its_slot_waits(cluster):
+    """`stalwart drain` of a job's only trainer: the table, and a note that the slot has
+    no trainer now (it used to look like any other drain)."""
+    async with slot_trainer(cluster, "last", 6) as (client, job, _):
+        address = client.addresses[0]
+        shown = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "stalwart.cli.main", "drain", "last", "-c", address],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert "last" in shown.stdout
+        assert f"note: job {job.job_id} has no trainer for slot(s) 0 now" in shown.stderr
+        assert "stalwart undrain last" in shown.stderr
