@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +54,22 @@ def running_cluster(root: Path, **config) -> Iterator[cluster.LocalCluster]:
         started.stop(timeout_s=10)
 
 
+@contextlib.asynccontextmanager
+async def watched_job(
+    client: CoordinatorClient, spec: coordinator.JobSpec
+) -> AsyncIterator[tuple[coordinator.Job, EventRecorder]]:
+    """Submit ``spec``; the job and a recorder of its events, stopped on the way out."""
+    job = await client.create_job(spec)
+    recorder = EventRecorder(client, job.job_id)
+    watch = asyncio.create_task(recorder.run())
+    try:
+        yield job, recorder
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watch
+
+
 async def run_job(
     local: cluster.LocalCluster,
     spec: coordinator.JobSpec,
@@ -65,27 +81,22 @@ async def run_job(
     ``(kind, step)`` of ``schedule`` in turn; kinds as :func:`_targets` takes them);
     wait for the end."""
     plan = list(schedule) or ([(kill, at_step)] if kill else [])
-    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
-        job = await client.create_job(spec)
-        recorder = EventRecorder(client, job.job_id)
-        watch = asyncio.create_task(recorder.run())
-        kills: list[tuple[str, int]] = []
-        try:
-            for kind, step in plan:
-                assert await recorder.wait_step(step, JOB_TIMEOUT_S), "job never got there"
-                names = await _targets(kind, local, client, job.job_id)
-                kills.append((names[0], recorder.step))
-                for name in names:
-                    await asyncio.to_thread(local.kill, name)
-                if kind.startswith("group:"):  # a stand-in, as Kubernetes would start one
-                    await _says_group_lost(client, job.job_id, int(kind.split(":")[1]))
-                    await asyncio.to_thread(local.replace, names[0])
-            job, version, weights = await finish_and_pull(client, job, spec)
-            await recorder.wait_step(spec.steps, 5.0)  # the last STEP_COMMITTED events
-        finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watch
+    kills: list[tuple[str, int]] = []
+    async with (
+        CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client,
+        watched_job(client, spec) as (job, recorder),
+    ):
+        for kind, step in plan:
+            assert await recorder.wait_step(step, JOB_TIMEOUT_S), "job never got there"
+            names = await _targets(kind, local, client, job.job_id)
+            kills.append((names[0], recorder.step))
+            for name in names:
+                await asyncio.to_thread(local.kill, name)
+            if kind.startswith("group:"):  # a stand-in, as Kubernetes would start one
+                await _says_group_lost(client, job.job_id, int(kind.split(":")[1]))
+                await asyncio.to_thread(local.replace, names[0])
+        job, version, weights = await finish_and_pull(client, job, spec)
+        await recorder.wait_step(spec.steps, 5.0)  # the last STEP_COMMITTED events
     killed, killed_at = kills[0] if kills else ("", -1)
     return Outcome(job, list(recorder.events), weights, version, killed, killed_at, kills)
 

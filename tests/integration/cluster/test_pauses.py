@@ -15,20 +15,19 @@ module, with the default warm spare).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 
 from stalwart import cluster
 from stalwart.api import coordinator
 from stalwart.client.coordinator import CoordinatorClient
-from stalwart.demo.watch import EventRecorder
 from tests.integration.cluster.support import (
     JOB_TIMEOUT_S,
     assert_bitwise_equal,
     finish_and_pull,
     reference,
     small_spec,
+    watched_job,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(420)]
@@ -54,27 +53,22 @@ async def _target(kind: str, local: cluster.LocalCluster, client, job_id: str) -
 async def _run_paused(local: cluster.LocalCluster, spec, kind: str, pause_s: float):
     """Run ``spec``; at step 10 SIGSTOP the ``kind`` member for ``pause_s`` (a backup:
     until it has seen ``STEPS_WHILE_PAUSED`` steps committed); return what happened."""
-    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=60.0) as client:
-        job = await client.create_job(spec)
-        recorder = EventRecorder(client, job.job_id)
-        watch = asyncio.create_task(recorder.run())
+    async with (
+        CoordinatorClient(local.coordinator_addresses, retry_for_s=60.0) as client,
+        watched_job(client, spec) as (job, recorder),
+    ):
+        assert await recorder.wait_step(10, JOB_TIMEOUT_S), "job never got to step 10"
+        name = await _target(kind, local, client, job.job_id)
+        started = len(recorder.events)
+        await asyncio.to_thread(local.pause, name)
+        paused_at = recorder.step
         try:
-            assert await recorder.wait_step(10, JOB_TIMEOUT_S), "job never got to step 10"
-            name = await _target(kind, local, client, job.job_id)
-            started = len(recorder.events)
-            await asyncio.to_thread(local.pause, name)
-            paused_at = recorder.step
-            try:
-                await asyncio.sleep(pause_s)
-                progressed = await recorder.wait_step(paused_at + STEPS_WHILE_PAUSED, 90.0)
-            finally:
-                await asyncio.to_thread(local.resume, name)
-            stepped_while_paused = recorder.step - paused_at
-            job, version, weights = await finish_and_pull(client, job, spec)
+            await asyncio.sleep(pause_s)
+            progressed = await recorder.wait_step(paused_at + STEPS_WHILE_PAUSED, 90.0)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watch
+            await asyncio.to_thread(local.resume, name)
+        stepped_while_paused = recorder.step - paused_at
+        job, version, weights = await finish_and_pull(client, job, spec)
     events = recorder.events[started:]
     return job, version, weights, events, name, progressed, stepped_while_paused
 

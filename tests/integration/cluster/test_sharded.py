@@ -22,7 +22,6 @@ import pytest
 from stalwart import cluster
 from stalwart.api import coordinator
 from stalwart.client.coordinator import CoordinatorClient
-from stalwart.demo.watch import EventRecorder
 from tests.integration.cluster.support import (
     JOB_TIMEOUT_S,
     assert_bitwise_equal,
@@ -30,6 +29,7 @@ from tests.integration.cluster.support import (
     run_job,
     running_cluster,
     small_spec,
+    watched_job,
 )
 from tests.integration.cluster.test_cli import EXIT_INVALID_INPUT, one_error_line, stalwart
 
@@ -125,12 +125,9 @@ def test_ckpt_create_checkpoints_both_groups_of_a_running_job(sharded):
 
 
 async def _started(local: cluster.LocalCluster, spec) -> str:
-    async with CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client:
-        job = await client.create_job(spec)
-        recorder = EventRecorder(client, job.job_id)
-        watch = asyncio.create_task(recorder.run())
-        try:
-            assert await recorder.wait_step(5, JOB_TIMEOUT_S), "job never got to step 5"
-        finally:
-            watch.cancel()
+    async with (
+        CoordinatorClient(local.coordinator_addresses, retry_for_s=30.0) as client,
+        watched_job(client, spec) as (job, recorder),
+    ):
+        assert await recorder.wait_step(5, JOB_TIMEOUT_S), "job never got to step 5"
     return job.job_id

@@ -55,12 +55,19 @@ def test_a_budget_is_shared_by_the_jobs_held():
     assert "has 38 MiB of room" in err.message
 
 
-def test_without_a_budget_the_room_is_what_is_available(tmp_path):
+def _machine(tmp_path, read) -> tuple:
+    """Fake /proc and cgroup folders, after checking that ``read`` gives sys.maxsize
+    without them (not Linux); /proc/meminfo: 24,000,000 kB in all, 1,000 kB free."""
     proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
-    assert meminfo.available_bytes(proc, cgroup) == sys.maxsize  # no /proc: not Linux
+    assert read(proc, cgroup) == sys.maxsize
     proc.mkdir()
     cgroup.mkdir()
     (proc / "meminfo").write_text("MemTotal: 24000000 kB\nMemAvailable: 1000 kB\n")
+    return proc, cgroup
+
+
+def test_without_a_budget_the_room_is_what_is_available(tmp_path):
+    proc, cgroup = _machine(tmp_path, meminfo.available_bytes)
     assert meminfo.available_bytes(proc, cgroup) == 1000 * 1024  # no cgroup files
     (cgroup / "memory.max").write_text("max\n")
     (cgroup / "memory.current").write_text("5000\n")
@@ -72,11 +79,7 @@ def test_without_a_budget_the_room_is_what_is_available(tmp_path):
 
 
 def test_the_machine_total_is_memtotal_or_a_lower_cgroup_limit(tmp_path):
-    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
-    assert meminfo.total_bytes(proc, cgroup) == sys.maxsize  # no /proc: not Linux
-    proc.mkdir()
-    cgroup.mkdir()
-    (proc / "meminfo").write_text("MemTotal: 24000000 kB\nMemAvailable: 1000 kB\n")
+    proc, cgroup = _machine(tmp_path, meminfo.total_bytes)
     assert meminfo.total_bytes(proc, cgroup) == 24000000 * 1024
     (cgroup / "memory.max").write_text("max\n")
     assert meminfo.total_bytes(proc, cgroup) == 24000000 * 1024
