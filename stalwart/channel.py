@@ -79,7 +79,8 @@ class ChannelConfig:
     retry_unavailable: bool = True
     """Let gRPC retry UNAVAILABLE transparently (see the module docstring). Liveness
     probes turn it off: a peer that refuses connections must fail the probe at once,
-    not after retries have used up the probe's deadline."""
+    not after retries have used up the probe's deadline. So do a trainer's shard
+    group clients, which find the next primary themselves on UNAVAILABLE."""
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> ChannelConfig:

@@ -473,7 +473,7 @@ class Worker:
         its trainer waits for that slot's push, which this trainer now makes)."""
         pending = set(pushes)
         while pending:
-            _, pending = await asyncio.wait(pending, timeout=PUSH_CHECK_S)
+            _, pending = await self._some_answered(pending)
             why = self._pushes_moot(job, slots) if pending else None
             if why is not None:
                 logger.info(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
@@ -546,7 +546,8 @@ class Worker:
         self, job: JobState, step: int, slots: tuple[int, ...], pushes: list[asyncio.Future]
     ) -> bool:
         """Wait for every push to the end, unless meanwhile the job's shard groups moved
-        or the trainer was given a slot more (False: the step starts over).
+        where these pushes cannot follow (_followed_by_old_client) or the trainer was
+        given a slot more (False: the step starts over).
 
         A push to a group that is gone (every replica lost, then restored
         elsewhere from a checkpoint) would only retry until its SDK gives up; a
@@ -556,7 +557,7 @@ class Worker:
         pushed already is answered as a duplicate)."""
         pending = set(pushes)
         while pending:
-            done, pending = await asyncio.wait(pending, timeout=PUSH_CHECK_S)
+            done, pending = await self._some_answered(pending)
             for push in done:
                 try:
                     push.result()
@@ -572,13 +573,33 @@ class Worker:
                 return False
         return True
 
+    async def _some_answered(self, pending: set[asyncio.Future]) -> tuple[set, set]:
+        """(done, pending) once a push ends, the assignment changes, or PUSH_CHECK_S
+        passes. A new assignment is how a moved shard map arrives, so the pushes are
+        looked at again at once: waiting for the next check added up to PUSH_CHECK_S
+        to the recovery from a lost paramserver primary."""
+        changed = None
+        if not self.changed.is_set():  # set already: the checks alone pace the wait
+            changed = asyncio.ensure_future(self.changed.wait())
+        try:
+            await asyncio.wait(
+                pending | ({changed} if changed else set()),
+                timeout=PUSH_CHECK_S, return_when="FIRST_COMPLETED",
+            )  # fmt: skip
+        finally:
+            if changed is not None:
+                changed.cancel()
+        done = {p for p in pending if p.done()}
+        return done, pending - done
+
     def _pushes_moot(self, job: JobState, slots: tuple[int, ...]) -> str | None:
         """Why the pending pushes cannot end well, or None. A slot taken away (the
         slots spread out, a drain) is pushed to the end all the same."""
         desired = self.desired
         if desired is None or desired.job_id != job.job_id:
             return None
-        if desired.shard_map.SerializeToString(deterministic=True) != job.shard_map:
+        moved = desired.shard_map.SerializeToString(deterministic=True) != job.shard_map
+        if moved and not _followed_by_old_client(job.shard_map, desired.shard_map):
             return "the shard groups moved"
         if not set(slots_of(desired)) <= set(slots):
             return "given another slot, which the step waits for"
@@ -645,6 +666,22 @@ def _slots_to_push(job: JobState, held: tuple[int, ...], step: int) -> tuple[int
     job.lagging_step = None
     others = [k for k in range(max(job.spec.num_slots, 1)) if k not in held]
     return (*held, *others)
+
+
+def _followed_by_old_client(old_map: bytes, new: coordinator.GetShardMapResponse) -> bool:
+    """Whether pushes under way on the old shard map's client can still end well on
+    the new map: one shard group, the same pieces, and a primary the old client
+    knows already (a promoted backup), which its own failover finds by epoch.
+    Abandoning them threw away a step the new primary was about to commit and
+    added a pull, a compute and a push to the recovery. With several groups a
+    step may have committed on some only, and every trainer starts over from
+    what each group holds (_finishes_lagging_step), so those pushes are dropped."""
+    old = coordinator.GetShardMapResponse.FromString(old_map)
+    if len(new.groups) != 1 or len(old.groups) != 1 or old.shard_map != new.shard_map:
+        return False
+    was, now = old.groups[0], new.groups[0]
+    known = (was.primary_address, *was.backup_addresses)
+    return bool(now.primary_address) and now.primary_address in known
 
 
 async def _abandon(task: asyncio.Future) -> None:

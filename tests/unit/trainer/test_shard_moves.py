@@ -6,7 +6,13 @@ import asyncio
 import pytest
 
 from services.trainer.faults import Faults
-from services.trainer.worker import JobState, Worker, _finishes_lagging_step, _slots_to_push
+from services.trainer.worker import (
+    JobState,
+    Worker,
+    _finishes_lagging_step,
+    _followed_by_old_client,
+    _slots_to_push,
+)
 from stalwart.api import coordinator
 
 
@@ -81,3 +87,109 @@ def test_work_that_ends_first_is_reported_done_and_its_error_raised():
 
     with pytest.raises(ValueError, match="refused"):
         asyncio.run(worker._unless_changed(fails()))
+
+
+def _map(*groups: tuple[str, list[str]]) -> coordinator.GetShardMapResponse:
+    return coordinator.GetShardMapResponse(groups=[
+        coordinator.ShardGroup(shard=i, primary_address=p, backup_addresses=b, epoch=1)
+        for i, (p, b) in enumerate(groups)
+    ])  # fmt: skip
+
+
+def _assignment(primary: str, backups: tuple[str, ...] = ()) -> coordinator.Assignment:
+    shard_map = _map((primary, list(backups)))
+    return coordinator.Assignment(job_id="job-1", slots=[0], shard_map=shard_map)
+
+
+def _bytes(shard_map: coordinator.GetShardMapResponse) -> bytes:
+    return shard_map.SerializeToString(deterministic=True)
+
+
+def test_a_promoted_backup_is_followed_by_the_old_client():
+    old = _map(("ps-a:1", ["ps-b:1"]))
+    assert _followed_by_old_client(_bytes(old), _map(("ps-b:1", [])))
+    assert _followed_by_old_client(_bytes(old), _map(("ps-b:1", ["ps-c:1"])))
+
+
+@pytest.mark.parametrize(
+    "new",
+    [
+        _map(("ps-c:1", ["ps-b:1"])),  # restored elsewhere: the old client cannot find it
+        _map(("", ["ps-b:1"])),  # no primary yet
+        _map(("ps-b:1", []), ("ps-d:1", [])),  # spread over two groups
+    ],
+)
+def test_other_moves_are_not_followed(new):
+    assert not _followed_by_old_client(_bytes(_map(("ps-a:1", ["ps-b:1"]))), new)
+
+
+def test_a_sharded_job_never_follows_with_its_old_client():
+    # a step may have committed on some groups only: every trainer starts over
+    old = _map(("ps-a:1", ["ps-b:1"]), ("ps-d:1", ["ps-e:1"]))
+    new = _map(("ps-b:1", []), ("ps-d:1", ["ps-e:1"]))
+    assert not _followed_by_old_client(_bytes(old), new)
+
+
+def test_pushes_to_a_moved_group_are_abandoned_when_the_map_arrives(monkeypatch):
+    """Not at the next periodic check: a paramserver failover's recovery waited for it."""
+    monkeypatch.setattr("services.trainer.worker.PUSH_CHECK_S", 3600.0)
+    worker = Worker("cpu", make_client=None, faults=Faults.parse(""))
+    old = _assignment("127.0.0.1:1001")
+    worker.assign(old)
+    worker.changed.clear()  # the step began under the old map
+    state = job(version=4, weights_version=4, num_slots=1)
+    state.shard_map = old.shard_map.SerializeToString(deterministic=True)
+
+    async def scenario():
+        push = asyncio.ensure_future(_never())  # to a primary that died
+        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0,), [push]))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        worker.assign(_assignment("127.0.0.1:1002"))  # its backup, promoted
+        pushed = await asyncio.wait_for(waiting, 60)  # a guard: not a timing
+        push.cancel()
+        return pushed
+
+    assert asyncio.run(scenario()) is False
+
+
+def test_an_assignment_that_moves_nothing_leaves_the_pushes_waiting(monkeypatch):
+    monkeypatch.setattr("services.trainer.worker.PUSH_CHECK_S", 0.01)
+    worker = Worker("cpu", make_client=None, faults=Faults.parse(""))
+    same = _assignment("127.0.0.1:1001")
+    worker.assign(same)
+    state = job(version=4, weights_version=4, num_slots=1)
+    state.shard_map = same.shard_map.SerializeToString(deterministic=True)
+
+    async def scenario():
+        answer = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0,), [answer]))
+        for _ in range(5):  # the change event stays set: the checks alone pace the wait
+            await asyncio.sleep(0.02)
+        assert not waiting.done()
+        answer.set_result(None)
+        return await asyncio.wait_for(waiting, 60)
+
+    assert asyncio.run(scenario()) is True
+
+
+def test_pushes_on_their_way_to_a_promoted_backup_go_on(monkeypatch):
+    monkeypatch.setattr("services.trainer.worker.PUSH_CHECK_S", 0.01)
+    worker = Worker("cpu", make_client=None, faults=Faults.parse(""))
+    old = _assignment("127.0.0.1:1001", backups=("127.0.0.1:1002",))
+    worker.assign(old)
+    state = job(version=4, weights_version=4, num_slots=1)
+    state.shard_map = _bytes(old.shard_map)
+
+    async def scenario():
+        answer = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0,), [answer]))
+        await asyncio.sleep(0)
+        worker.assign(_assignment("127.0.0.1:1002"))  # the backup, promoted
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+        assert not waiting.done()
+        answer.set_result(None)  # the old client's failover found it and it committed
+        return await asyncio.wait_for(waiting, 60)
+
+    assert asyncio.run(scenario()) is True
