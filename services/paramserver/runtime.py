@@ -178,12 +178,14 @@ class JobHost:
             )
 
     async def install(self, job: JobRuntime, address: str) -> None:
+        """Install the job's state on one backup (caller holds the job's lock)."""
         header = job.model.install_header(self.replica.epoch, job.fresh)
         tensors = list(job.model.state_tensors().values())
         try:
             await self.replicator.install(address, header, tensors)
         except Fenced as exc:
             raise self.fenced(exc) from None
+        job.committed.notify_all()  # pulls and pushes wait for backups in sync
 
     async def replace(self, model: JobModel, why: str) -> JobRuntime:
         """Make ``model`` the job's state here and on the backups (a restore)."""

@@ -6,6 +6,7 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,9 @@ from stalwart.offload import tensor_bytes
 from stalwart.server import drain_on_refusal, rpc_handler
 
 log = structlog.get_logger(__name__)
+
+# how long a commit or a duplicate's answer waits for backups being installed
+SYNC_WAIT_S = 2.0
 
 _ROLES = {
     Role.PRIMARY: common.REPLICA_ROLE_PRIMARY,
@@ -312,6 +316,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     bare.ClearField("tensors")
                     job.summed_pushes[(header.step, header.slot)] = bare
                 entries = job.model.ready_entries(header.step, header.slot)
+            if verdict is Verdict.DUPLICATE or entries is not None:
+                await self._backups_in_sync(job, deadline)
             action = commit.on_push(
                 verdict, entries is not None, job.model.version,
                 len(self.replicator.synced(job.model.job_id)), self.replicator.required(),
@@ -341,6 +347,26 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
             ) from None
         phases.observe("wait_slots", staged)
         return paramserver.PushResponse(version=version)
+
+    async def _backups_in_sync(self, job: JobRuntime, deadline: float) -> None:
+        """Before a commit or a duplicate's answer (job lock held, released while
+        waiting): wait a little for enough backups to hold the job. A promoted
+        primary's new backup is installed within a second; refusing meanwhile
+        sent every trainer into its retry backoff and added a second or more to
+        the recovery. One that does not come in time is refused as before."""
+        model = job.model
+
+        def enough() -> bool:
+            return len(self.replicator.synced(model.job_id)) >= self.replicator.required()
+
+        # half what the caller has left, so a refusal still reaches it in time
+        wait_s = min((deadline - asyncio.get_running_loop().time()) / 2, SYNC_WAIT_S)
+        if enough() or wait_s <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.committed.wait_for(enough), wait_s)
+        if job.model is not model:  # restored meanwhile: this push's base is gone
+            raise StalwartError(ErrorKind.TOO_STALE, "the job's state was replaced; pull")
 
     def _raise_verdict(self, verdict: Verdict, job: JobRuntime, header) -> None:
         m = job.model
@@ -620,7 +646,6 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                             await self.host.install(job, address)
                         except StalwartError:
                             break
-                        job.committed.notify_all()  # pulls wait for durable state
 
 
 # Calls whose request stream is a header and then chunks (PushStream: one such run
