@@ -30,7 +30,7 @@ from stalwart.api import coordinator
 from stalwart.bench import steptimeline
 from stalwart.client.coordinator import FINISHED, CoordinatorClient
 from stalwart.demo import report, timeline
-from stalwart.demo.watch import EventRecorder, Sampler, param_client, pull_weights
+from stalwart.demo.watch import EventRecorder, Sampler, param_client, pull_weights, version_on
 from stalwart.models import default_spec
 
 DEFAULT_SCHEDULE = (("trainer", 0.25), ("paramserver", 0.5), ("coordinator", 0.75))
@@ -130,6 +130,12 @@ async def inject(
 ) -> timeline.Fault:
     name = await pick_target(kind, local, client, job_id)
     step = recorder.step
+    if kind == "paramserver":
+        # The event stream learns of commits from the paramservers' polls and can
+        # trail them by a step or two; a commit made before the kill must not count
+        # as the recovery, so take the step from the primary itself.
+        held = await version_on(local.member(name).address, job_id)
+        step = max(step, held if held is not None else step)
     killed_at = time.time()
     await asyncio.to_thread(local.kill, name)
     return timeline.Fault(kind, name, killed_at, step)

@@ -7,7 +7,9 @@ made-up event lists. The rules, per fault kind:
   STANDBY_PROMOTED (or SLOT_ASSIGNED) that refills the slot; *resumed* at the
   commit of the step the newcomer computed first.
 - ``paramserver``: detected at the victim's NODE_DEAD; acted at REPLICA_PROMOTED;
-  resumed at the first STEP_COMMITTED after the promotion.
+  resumed at the first STEP_COMMITTED after the promotion past the step the
+  primary held when it was killed (``step_at_kill``, asked of the primary: the
+  event stream trails the commits, and one it learns late is no recovery).
 - ``coordinator``: detected and acted at the LEADER_ELECTED that follows the kill
   (the standby found the lease free); resumed at the first STEP_COMMITTED the new
   leader announces. Trainers and paramservers do not need the coordinator for
@@ -129,7 +131,7 @@ def recover(fault: Fault, events: Sequence[Ev], last_step: int | None = None) ->
         min_step = act.step + 1 if act is not None else 0
     else:
         act = _first(later, "REPLICA_PROMOTED")
-        min_step = 0
+        min_step = rec.fault.step_at_kill + 1  # not a commit made before the kill
     if act is not None:
         rec.acted_at, rec.action = act.time, act.message
         _resume(rec, after, act, min_step)

@@ -18,7 +18,7 @@ import grpc
 import torch
 
 from stalwart import training
-from stalwart.api import common, coordinator
+from stalwart.api import common, coordinator, paramserver, paramserver_grpc
 from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
@@ -99,6 +99,19 @@ async def param_client(client: CoordinatorClient, job_id: str, spec) -> ParamSer
     ps = ParamServerClient(groups)
     ps.plan(training.initial_params(resolve(spec), spec.seed))
     return ps
+
+
+async def version_on(address: str, job_id: str) -> int | None:
+    """The version ``job_id`` stands at on the paramserver replica at ``address``
+    (None: it does not answer, or holds no such job)."""
+    async with open_channel(address) as channel:
+        try:
+            status = await paramserver_grpc.ParamServerServiceStub(channel).GetReplicaStatus(
+                paramserver.GetReplicaStatusRequest(), timeout=5.0
+            )
+        except grpc.RpcError:
+            return None
+    return next((j.version for j in status.jobs if j.job_id == job_id), None)
 
 
 async def pull_weights(

@@ -55,6 +55,19 @@ def test_paramserver_recovery_waits_for_the_promotion():
     assert (round(rec.detection_s, 2), rec.resumed_step, round(rec.recovery_s, 2)) == (0.3, 51, 0.6)
 
 
+def test_a_commit_made_before_the_paramserver_kill_is_no_recovery():
+    # the primary held 52 when killed; the event stream had only seen 50 and hears of
+    # 51 and 52 after the promotion
+    events = [
+        Ev(5, "NODE_DEAD", 10.3, "", "ps-0a", 0, "paramserver ps-0a dead"),
+        Ev(6, "REPLICA_PROMOTED", 10.35, "j", "ps-0b", 0, "ps-0b promoted"),
+        *commits(7, 10.4, range(51, 53)),
+        *commits(9, 11.2, range(53, 54)),
+    ]
+    rec = recover(Fault("paramserver", "ps-0a", 10.0, 52), events)
+    assert (rec.resumed_step, round(rec.recovery_s, 2)) == (53, 1.2)
+
+
 def test_coordinator_recovery_counts_steps_committed_while_no_one_led():
     events = [
         Ev(30, "LEADER_ELECTED", 20.2, "", "coord-1", 0, "leader elected at epoch 2"),
