@@ -117,6 +117,10 @@ class Replicator:
     def required(self) -> int:
         return min(self.min_insync, len(self.replica.backups))
 
+    def holds_enough(self, job_id: str) -> bool:
+        """Whether enough backups are in sync for ``job_id`` to acknowledge its updates."""
+        return len(self.synced(job_id)) >= self.required()
+
     def drop(self, address: str, job_id: str, error: str) -> None:
         link = self.replica.backups.get(address)
         if link is not None:

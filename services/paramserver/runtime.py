@@ -172,7 +172,7 @@ class JobHost:
         for address in self.replica.backups:
             if address not in self.replicator.synced(job_id):
                 await self.install(job, address)
-        if len(self.replicator.synced(job_id)) < self.replicator.required():
+        if not self.replicator.holds_enough(job_id):
             raise StalwartError(
                 ErrorKind.NO_INSYNC_BACKUP, f"no backup could take job {job_id}; retry"
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -355,15 +356,12 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         sent every trainer into its retry backoff and added a second or more to
         the recovery. One that does not come in time is refused as before."""
         model = job.model
-
-        def enough() -> bool:
-            return len(self.replicator.synced(model.job_id)) >= self.replicator.required()
-
         # half what the caller has left, so a refusal still reaches it in time
         wait_s = min((deadline - asyncio.get_running_loop().time()) / 2, SYNC_WAIT_S)
-        if enough() or wait_s <= 0:
+        if self.replicator.holds_enough(model.job_id) or wait_s <= 0:
             return
         with contextlib.suppress(TimeoutError):
+            enough = functools.partial(self.replicator.holds_enough, model.job_id)
             await asyncio.wait_for(job.committed.wait_for(enough), wait_s)
         if job.model is not model:  # restored meanwhile: this push's base is gone
             raise StalwartError(ErrorKind.TOO_STALE, "the job's state was replaced; pull")
@@ -437,10 +435,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         # update is applied here but held by no backup yet, and a reader must not
         # see a version that a failover could take back. In-sync backups are
         # always at this replica's version, so enough of them means durable.
-        return (
-            job.model.version >= min_version
-            and len(self.replicator.synced(job.model.job_id)) >= self.replicator.required()
-        )
+        return job.model.version >= min_version and self.replicator.holds_enough(job.model.job_id)
 
     async def _snapshot(self, job: JobRuntime, since: int, chunk_bytes: int, packed: bool):
         """Serialized chunk messages of the changed tensors at the current version, cached."""
