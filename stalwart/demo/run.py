@@ -135,7 +135,8 @@ async def inject(
         # trail them by a step or two; a commit made before the kill must not count
         # as the recovery, so take the step from the primary itself.
         held = await version_on(local.member(name).address, job_id)
-        step = max(step, held if held is not None else step)
+        if held is not None:
+            step = max(step, held)
     killed_at = time.time()
     await asyncio.to_thread(local.kill, name)
     return timeline.Fault(kind, name, killed_at, step)

@@ -18,7 +18,7 @@ import grpc
 import torch
 
 from stalwart import training
-from stalwart.api import common, coordinator, paramserver, paramserver_grpc
+from stalwart.api import common, coordinator
 from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
@@ -104,13 +104,13 @@ async def param_client(client: CoordinatorClient, job_id: str, spec) -> ParamSer
 async def version_on(address: str, job_id: str) -> int | None:
     """The version ``job_id`` stands at on the paramserver replica at ``address``
     (None: it does not answer, or holds no such job)."""
-    async with open_channel(address) as channel:
-        try:
-            status = await paramserver_grpc.ParamServerServiceStub(channel).GetReplicaStatus(
-                paramserver.GetReplicaStatusRequest(), timeout=5.0
-            )
-        except grpc.RpcError:
-            return None
+    group = ShardGroupClient([address], open_channel)
+    try:
+        status = await group.status(address)
+    except RpcError:
+        return None
+    finally:
+        await group.close()
     return next((j.version for j in status.jobs if j.job_id == job_id), None)
 
 
