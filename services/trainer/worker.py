@@ -594,13 +594,16 @@ class Worker:
 
     def _pushes_moot(self, job: JobState, slots: tuple[int, ...]) -> str | None:
         """Why the pending pushes cannot end well, or None. A slot taken away (the
-        slots spread out, a drain) is pushed to the end all the same."""
+        slots spread out, a drain) is pushed to the end all the same. Pushes that can
+        follow a promoted backup are sent to it at once (ParamServerClient.follow)."""
         desired = self.desired
         if desired is None or desired.job_id != job.job_id:
             return None
         moved = desired.shard_map.SerializeToString(deterministic=True) != job.shard_map
         if moved and not _followed_by_old_client(job.shard_map, desired.shard_map):
             return "the shard groups moved"
+        if moved:  # a promoted backup: the calls under way go to it now
+            job.client.follow(desired.shard_map.groups)
         if not set(slots_of(desired)) <= set(slots):
             return "given another slot, which the step waits for"
         return None

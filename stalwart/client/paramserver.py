@@ -15,7 +15,7 @@ import torch
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from stalwart import codec, shardmap
-from stalwart.api import common, paramserver, paramserver_grpc
+from stalwart.api import common, coordinator, paramserver, paramserver_grpc
 from stalwart.errors import ErrorKind, RpcError
 from stalwart.offload import tensor_bytes
 
@@ -196,6 +196,10 @@ class _PushStreams:
             self.drop(address)
 
 
+class _Redirected(RpcError):
+    """A call cut by :meth:`ShardGroupClient.follow`: retried at the named primary."""
+
+
 class ShardGroupClient:
     """One shard group: its replica addresses, the primary found among them, its epoch."""
 
@@ -218,6 +222,7 @@ class ShardGroupClient:
         self.primary: str | None = None
         self.epoch = 0
         self.push_streams = _PushStreams()
+        self._attempts: dict[asyncio.Task, str] = {}  # calls under way -> the replica asked
 
     def stub(self, address: str) -> ParamServerStub:
         if address not in self._stubs:
@@ -256,6 +261,33 @@ class ShardGroupClient:
         self.primary, self.epoch = best
         return self.primary
 
+    def follow(self, primary: str, epoch: int) -> None:
+        """The coordinator names ``primary`` (one of this group's replicas) at ``epoch``:
+        calls under way to any other replica are cut and sent there at once, under the
+        same key. A primary that hangs (stopped, not dead) never refuses them, so
+        otherwise they waited out their deadline though a backup had taken over."""
+        if primary not in self.addresses or epoch < self.epoch:
+            return
+        self.primary, self.epoch = primary, epoch
+        for task, asked in self._attempts.items():
+            if asked != primary:
+                task.cancel()
+
+    async def _attempt_at(self, address: str, attempt: Callable[[str], object]):
+        """``attempt(address)`` as a task of its own, which :meth:`follow` can cut."""
+        task = asyncio.ensure_future(attempt(address))
+        self._attempts[task] = address
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if _cancelled_by_caller() or self.primary in (None, address):
+                raise
+            raise _Redirected(
+                grpc.StatusCode.UNAVAILABLE, f"{address} no longer leads; {self.primary} does"
+            ) from None
+        finally:
+            del self._attempts[task]
+
     async def _with_failover(self, attempt: Callable[[str], object]):
         retrying = AsyncRetrying(
             retry=retry_if_exception(_retryable),
@@ -267,7 +299,9 @@ class ShardGroupClient:
             with try_:
                 try:
                     primary = self.primary or await self.discover()
-                    return await attempt(primary)
+                    return await self._attempt_at(primary, attempt)
+                except _Redirected:
+                    raise  # sent again to the primary follow() set, without a search
                 except grpc.RpcError as exc:
                     err = RpcError.from_grpc(exc)
                     if err.kind in _RETRY_KINDS:
@@ -510,6 +544,14 @@ class ParamServerClient:
             *(g.pull(job_id, since_version, min_version, optimizer_state) for g in self.groups)
         )
         return self._joined(results, optimizer_state)
+
+    def follow(self, groups: Sequence[coordinator.ShardGroup]) -> None:
+        """Each group's primary as a shard map names it (:meth:`ShardGroupClient.follow`).
+        ``groups``: the map's, which this client was built from in shard order."""
+        if len(groups) != len(self.groups):
+            return
+        for client, group in zip(self.groups, sorted(groups, key=lambda g: g.shard), strict=True):
+            client.follow(group.primary_address, group.epoch)
 
     async def record_evaluation(
         self, job_id: str, version: int, metrics: Mapping[str, float]

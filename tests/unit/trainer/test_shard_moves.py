@@ -180,6 +180,7 @@ def test_pushes_on_their_way_to_a_promoted_backup_go_on(monkeypatch):
     worker.assign(old)
     state = job(version=4, weights_version=4, num_slots=1)
     state.shard_map = _bytes(old.shard_map)
+    state.client = _Following()
 
     async def scenario():
         answer = asyncio.get_running_loop().create_future()
@@ -189,7 +190,20 @@ def test_pushes_on_their_way_to_a_promoted_backup_go_on(monkeypatch):
         for _ in range(5):
             await asyncio.sleep(0.02)
         assert not waiting.done()
-        answer.set_result(None)  # the old client's failover found it and it committed
+        answer.set_result(None)  # sent on to it, and it committed
         return await asyncio.wait_for(waiting, 60)
 
     assert asyncio.run(scenario()) is True
+    # the client was told where the primary is now: a stopped old primary never
+    # refuses the calls under way, which would otherwise wait out their deadline
+    assert state.client.followed[0] == [("127.0.0.1:1002", 1)]
+
+
+class _Following:
+    """A job's client that records the shard maps it is told to follow."""
+
+    def __init__(self) -> None:
+        self.followed: list[list[tuple[str, int]]] = []
+
+    def follow(self, groups) -> None:
+        self.followed.append([(g.primary_address, g.epoch) for g in groups])
