@@ -33,6 +33,19 @@ _RETRY_KINDS = {
 }
 
 
+# How long a search for the primary waits for the other replicas once one primary
+# has answered: a healthy replica answers GetReplicaStatus in a millisecond or two.
+DISCOVER_GRACE_S = 0.25
+
+
+def _answered(question: asyncio.Future) -> bool:
+    return not question.cancelled() and question.exception() is None
+
+
+def _is_primary(status: paramserver.GetReplicaStatusResponse) -> bool:
+    return status.role == common.REPLICA_ROLE_PRIMARY
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, RpcError) and exc.kind in _RETRY_KINDS
 
@@ -247,19 +260,35 @@ class ShardGroupClient:
 
     async def discover(self) -> str:
         """Ask every replica; the primary with the highest epoch wins."""
-        statuses = await asyncio.gather(
-            *(self.status(a) for a in self.addresses), return_exceptions=True
-        )
-        best = None
-        for address, st in zip(self.addresses, statuses, strict=True):
-            if isinstance(st, BaseException) or st.role != common.REPLICA_ROLE_PRIMARY:
-                continue
-            if best is None or st.epoch > best[1]:
-                best = (address, st.epoch)
-        if best is None:
+        primaries = [(a, st.epoch) for a, st in await self._answers() if _is_primary(st)]
+        if not primaries:
             raise RpcError(grpc.StatusCode.UNAVAILABLE, f"no primary among {self.addresses}")
-        self.primary, self.epoch = best
+        self.primary, self.epoch = max(primaries, key=lambda answer: answer[1])
         return self.primary
+
+    async def _answers(self) -> list[tuple[str, paramserver.GetReplicaStatusResponse]]:
+        """Every replica's status, except that once a primary has answered the others
+        have DISCOVER_GRACE_S more: one that hangs (stopped, not dead) would otherwise
+        hold each search for the whole timeout. Should a stale primary be the one found,
+        its backups fence it, and the next search goes past it."""
+        asked = {asyncio.ensure_future(self.status(a)): a for a in self.addresses}
+        pending, answers, grace_ends = set(asked), [], None
+        loop = asyncio.get_running_loop()
+        try:
+            while pending:
+                wait_s = None if grace_ends is None else max(0.0, grace_ends - loop.time())
+                done, pending = await asyncio.wait(
+                    pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break  # the grace is over
+                answers += [(asked[q], q.result()) for q in done if _answered(q)]
+                if grace_ends is None and any(_is_primary(st) for _, st in answers):
+                    grace_ends = loop.time() + DISCOVER_GRACE_S
+        finally:
+            for question in pending:
+                question.cancel()
+        return answers
 
     def follow(self, primary: str, epoch: int) -> None:
         """The coordinator names ``primary`` (one of this group's replicas) at ``epoch``:

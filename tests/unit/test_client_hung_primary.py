@@ -1,14 +1,17 @@
-"""ShardGroupClient.follow: the coordinator names a promoted backup, and calls under way
-to the old primary, which may hang rather than refuse them, are sent to it at once."""
+"""A primary that hangs instead of dying: ShardGroupClient.follow sends the calls under
+way to the backup a new shard map names, and a search for the primary does not wait
+for a replica that never answers."""
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
-from stalwart.api import coordinator
+from stalwart.api import common, coordinator, paramserver
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
+from stalwart.errors import ErrorKind, RpcError
 
 
 def _client() -> ShardGroupClient:
@@ -101,3 +104,52 @@ def test_the_whole_client_follows_each_group_by_shard():
     ]
     client.follow(shard_map)
     assert [(g.primary, g.epoch) for g in groups] == [("a:1", 2), ("d:4", 5)]
+
+
+def _statuses(answers: dict[str, tuple[int, int] | None], asked: list[str]):
+    """A status call per replica: (role, epoch) answered at once, None hangs."""
+
+    async def status(address: str) -> paramserver.GetReplicaStatusResponse:
+        asked.append(address)
+        if answers[address] is None:
+            await asyncio.Event().wait()
+        role, epoch = answers[address]
+        return paramserver.GetReplicaStatusResponse(role=role, epoch=epoch)
+
+    return status
+
+
+PRIMARY, BACKUP = common.REPLICA_ROLE_PRIMARY, common.REPLICA_ROLE_BACKUP
+
+
+def test_a_search_does_not_wait_for_a_replica_that_hangs():
+    client = ShardGroupClient(["a:1", "b:2", "c:3"], lambda address: None)
+    asked: list[str] = []
+    client.status = _statuses(  # type: ignore[method-assign]
+        {"a:1": None, "b:2": (PRIMARY, 4), "c:3": (BACKUP, 4)}, asked
+    )
+    found = asyncio.run(asyncio.wait_for(client.discover(), 60))  # a guard, not a timing
+    assert found == "b:2" and client.epoch == 4
+    assert sorted(asked) == ["a:1", "b:2", "c:3"]
+
+
+def test_the_highest_epoch_among_the_answers_wins():
+    client = ShardGroupClient(["a:1", "b:2", "c:3"], lambda address: None)
+    client.status = _statuses(  # type: ignore[method-assign]
+        {"a:1": (PRIMARY, 3), "b:2": (PRIMARY, 5), "c:3": (BACKUP, 5)}, []
+    )
+    assert asyncio.run(client.discover()) == "b:2" and client.epoch == 5
+
+
+def test_no_primary_among_the_answers_is_unavailable():
+    client = ShardGroupClient(["a:1", "b:2"], lambda address: None)
+
+    async def status(address: str):
+        if address == "a:1":
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, "refused")
+        return paramserver.GetReplicaStatusResponse(role=BACKUP, epoch=2)
+
+    client.status = status  # type: ignore[method-assign]
+    with pytest.raises(RpcError) as err:
+        asyncio.run(client.discover())
+    assert err.value.kind is ErrorKind.UNAVAILABLE
