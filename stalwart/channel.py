@@ -18,6 +18,7 @@ unary call without one (``ValueError``) instead of letting it hang forever;
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -255,3 +256,11 @@ class _SyncClientInterceptor(
 
     def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
         return continuation(_prepare(client_call_details, self._token), request_iterator)
+
+
+def cancelled_by_caller() -> bool:
+    """Whether the running task was asked to cancel (``Task.cancel``), as opposed to a
+    CancelledError that grpc.aio raised for a call that was cancelled by itself or by
+    another task (a broken client stream, a watch ended by its checks)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0

@@ -32,7 +32,7 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from stalwart.api import common, coordinator, coordinator_grpc
-from stalwart.channel import ChannelConfig, open_channel, open_sync_channel
+from stalwart.channel import ChannelConfig, cancelled_by_caller, open_channel, open_sync_channel
 from stalwart.errors import ErrorKind, RpcError
 
 log = structlog.get_logger(__name__)
@@ -44,6 +44,11 @@ FINISHED = frozenset({
     coordinator.JOB_STATE_CANCELLED,
 })  # fmt: skip
 RECONNECT_BACKOFF_S = 1.0
+# How often an event stream asks its replica whether it still leads, and how long
+# it waits for the answer. A leader that hangs (stopped, not dead) keeps its streams
+# open and silent while its successor commits events; asking is how they move on.
+WATCH_CHECK_S = 1.0
+WATCH_CHECK_TIMEOUT_S = 2.0
 
 # Errors after which the same call may go to another replica.
 _FOLLOW = {ErrorKind.NOT_LEADER, ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE_EXCEEDED}
@@ -395,6 +400,7 @@ class CoordinatorClient:
         # The long timeout only satisfies the channel's rule that every call has one.
         address = self.leader
         call = self.stub(address).WatchEvents(request, timeout=365 * 24 * 3600.0)
+        checks = asyncio.ensure_future(self._while_leading(address, call))
         try:
             async for response in call:
                 yield response.event
@@ -403,8 +409,33 @@ class CoordinatorClient:
             if err.kind in _FOLLOW:
                 self._next_address(address, err)
             raise err from None
+        except asyncio.CancelledError:
+            if not checks.done() or checks.cancelled() or cancelled_by_caller():
+                raise
+            raise checks.result() from None  # the checks ended the stream: follow on
         finally:
+            checks.cancel()
             call.cancel()
+
+    async def _while_leading(self, address: str, call) -> RpcError:
+        """Ask ``address`` every WATCH_CHECK_S whether it still leads; when it does not,
+        or does not answer, end ``call`` and return why (a retryable error)."""
+        while True:
+            await asyncio.sleep(WATCH_CHECK_S)
+            request = coordinator.GetClusterStatusRequest()
+            try:
+                status = await self._once(address, "GetClusterStatus", request,
+                                          WATCH_CHECK_TIMEOUT_S)  # fmt: skip
+            except RpcError as err:
+                if err.kind not in _FOLLOW:
+                    return err  # cannot tell (not allowed to ask?): the stream goes on
+                why = RpcError(err.code, f"{address} stopped answering: {err.message}")
+                break
+            if not status.is_leader:
+                why = RpcError(grpc.StatusCode.UNAVAILABLE, f"{address} no longer leads")
+                break
+        call.cancel()
+        return why
 
     async def _await_leader(self) -> None:
         """Block (up to retry_for_s) until some replica answers as leader."""

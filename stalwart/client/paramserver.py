@@ -16,6 +16,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from stalwart import codec, shardmap
 from stalwart.api import common, coordinator, paramserver, paramserver_grpc
+from stalwart.channel import cancelled_by_caller
 from stalwart.errors import ErrorKind, RpcError
 from stalwart.offload import tensor_bytes
 
@@ -48,13 +49,6 @@ def _is_primary(status: paramserver.GetReplicaStatusResponse) -> bool:
 
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, RpcError) and exc.kind in _RETRY_KINDS
-
-
-def _cancelled_by_caller() -> bool:
-    """Whether the running task was asked to cancel (``Task.cancel``), as opposed to a
-    CancelledError that grpc.aio raised for a call it cancelled itself."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
 
 
 class ParamServerStub(paramserver_grpc.ParamServerServiceStub):
@@ -185,7 +179,7 @@ class _PushStreams:
                 ) from None
             except asyncio.CancelledError:
                 self.drop(address)  # a push cut half-way: the call cannot carry another
-                if _cancelled_by_caller():
+                if cancelled_by_caller():
                     raise
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -309,7 +303,7 @@ class ShardGroupClient:
         try:
             return await task
         except asyncio.CancelledError:
-            if _cancelled_by_caller() or self.primary in (None, address):
+            if cancelled_by_caller() or self.primary in (None, address):
                 raise
             raise _Redirected(
                 grpc.StatusCode.UNAVAILABLE, f"{address} no longer leads; {self.primary} does"
@@ -340,7 +334,7 @@ class ShardGroupClient:
                     self.primary = None
                     raise
                 except asyncio.CancelledError:
-                    if _cancelled_by_caller():
+                    if cancelled_by_caller():
                         raise
                     # grpc.aio cancels a client-streaming call by itself when writing
                     # the next message fails because the server already ended the

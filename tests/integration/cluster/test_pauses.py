@@ -1,9 +1,10 @@
 """SIGSTOP, not kill -9: a paused process is slow, not dead, and fails no job.
 
-- The coordinator leader paused for 4 s mid-job: the standby takes the lease,
+- The coordinator leader paused mid-job: the standby takes the lease,
   nobody is declared dead (the new leader gives every node a full detection
-  window, and the nodes' heartbeats reach it at once), the job succeeds and
-  its weights equal a fault-free run bit for bit.
+  window, and the nodes' heartbeats reach it at once), a watcher's event stream
+  moves to the new leader while the old one is still stopped, the job succeeds
+  and its weights equal a fault-free run bit for bit.
 - The only in-sync backup paused: the primary stops waiting for it within the
   bounded replication wait, the coordinator installs the warm spare as backup,
   and steps go on while the backup is still stopped.
@@ -44,6 +45,11 @@ STEPS_WHILE_PAUSED = 3
 # (services/trainer/settings.py, 30 s), which is how long pushes waiting on it
 # took to move on before they followed the promoted backup.
 PRIMARY_PAUSE_MAX_S = 20.0
+# A stopped leader: at least long enough for its lease to pass to the standby, then
+# until the watcher has seen steps the successor announced, for at most 20 s more
+# (a stream on the stopped leader would wait for gRPC's keepalive, 40 s).
+LEADER_PAUSE_MIN_S = 4.0
+LEADER_HOLD_MAX_S = 20.0
 
 
 async def _target(kind: str, local: cluster.LocalCluster, client, job_id: str) -> str:
@@ -88,9 +94,13 @@ async def _run_paused(
 
 
 def test_paused_leader_declares_nobody_dead_and_fails_no_job(local):
-    spec = small_spec(steps=40, seed=7)
-    job, version, weights, events, paused, _, _ = asyncio.run(
-        _run_paused(local, spec, "coordinator", 4.0)
+    spec = small_spec(steps=60, seed=7)
+    job, version, weights, events, paused, progressed, stepped = asyncio.run(
+        _run_paused(local, spec, "coordinator", LEADER_PAUSE_MIN_S, hold_s=LEADER_HOLD_MAX_S)
+    )
+    assert progressed, (
+        f"the watcher saw {stepped} steps while {paused} was stopped: its event stream "
+        "stayed on the stopped leader"
     )
     assert job.state == coordinator.JOB_STATE_SUCCEEDED, job.reason
     assert version == spec.steps
