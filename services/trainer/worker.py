@@ -44,6 +44,9 @@ ClientFactory = Callable[[coordinator.GetShardMapResponse], ParamServerClient]
 Gate = Callable[[str, int, int, dict], Awaitable[bool]]
 ABFT_RETRIES = 2  # recomputations after an ABFT mismatch before the step fails
 PUSH_CHECK_S = 0.2  # how often a pending push looks for a moved shard map
+# A step whose pushes wait this long is logged once, with the primaries they wait
+# on: a rare multi-second stall is otherwise invisible in the trainer's log.
+SLOW_PUSH_LOG_S = 2.0
 RETRY_PAUSE_S = 0.2  # between attempts after an error that needs no backoff of its own
 USER_ERROR_PAUSE_S = 1.0  # before retrying a step whose user code raised
 # A warm standby refreshes its weights at most this often, not at every version: it
@@ -555,9 +558,15 @@ class Worker:
         Pushes are keyed by (job, step, slot), so abandoning one is safe: it was
         applied once or not at all, and the next attempt pulls again (a slot
         pushed already is answered as a duplicate)."""
-        pending = set(pushes)
+        pending, since, logged = set(pushes), time.monotonic(), False
         while pending:
             done, pending = await self._some_answered(pending)
+            if pending and not logged and time.monotonic() - since > SLOW_PUSH_LOG_S:
+                logged = True
+                logger.warning("step waiting on its pushes", job=job.job_id, step=step,
+                               slots=[k for k, p in zip(slots, pushes, strict=True) if p in pending],
+                               seconds=round(time.monotonic() - since, 1),
+                               primaries=job.client.primaries())  # fmt: skip
             for push in done:
                 try:
                     push.result()

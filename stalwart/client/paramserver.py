@@ -568,6 +568,10 @@ class ParamServerClient:
         )
         return self._joined(results, optimizer_state)
 
+    def primaries(self) -> list[str | None]:
+        """Each group's primary as this client knows it (None: being searched for)."""
+        return [g.primary for g in self.groups]
+
     def follow(self, groups: Sequence[coordinator.ShardGroup]) -> None:
         """Each group's primary as a shard map names it (:meth:`ShardGroupClient.follow`).
         ``groups``: the map's, which this client was built from in shard order."""

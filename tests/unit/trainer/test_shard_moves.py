@@ -4,6 +4,7 @@ worker waits (services/trainer/worker.py)."""
 import asyncio
 
 import pytest
+import structlog.testing
 
 from services.trainer.faults import Faults
 from services.trainer.worker import (
@@ -207,3 +208,33 @@ class _Following:
 
     def follow(self, groups) -> None:
         self.followed.append([(g.primary_address, g.epoch) for g in groups])
+
+    def primaries(self) -> list[str]:
+        return ["127.0.0.1:1001"]
+
+
+def test_a_step_waiting_long_on_its_pushes_is_logged_once_with_the_primaries(monkeypatch):
+    monkeypatch.setattr("services.trainer.worker.PUSH_CHECK_S", 0.01)
+    monkeypatch.setattr("services.trainer.worker.SLOW_PUSH_LOG_S", 0.0)
+    worker = Worker("cpu", make_client=None, faults=Faults.parse(""))
+    same = _assignment("127.0.0.1:1001")
+    worker.assign(same)
+    state = job(version=4, weights_version=4, num_slots=2)
+    state.shard_map = _bytes(same.shard_map)
+    state.client = _Following()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        answered, waiting_on = loop.create_future(), loop.create_future()
+        answered.set_result(None)
+        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0, 1), [answered, waiting_on]))
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+        waiting_on.set_result(None)
+        return await asyncio.wait_for(waiting, 60)
+
+    with structlog.testing.capture_logs() as logs:
+        assert asyncio.run(scenario()) is True
+    slow = [e for e in logs if e["event"] == "step waiting on its pushes"]
+    assert len(slow) == 1
+    assert (slow[0]["step"], slow[0]["slots"], slow[0]["primaries"]) == (4, [1], ["127.0.0.1:1001"])
