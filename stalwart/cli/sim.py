@@ -101,6 +101,7 @@ def ettr(
         check_output_file(html, "--html")
     if refill not in ("scheduler", "repair"):
         fail("--refill must be scheduler or repair", ExitCode.INVALID_INPUT)
+    gpu_counts = _gpus(gpus)  # every argument is checked before the trace is looked for
     try:
         measured = sim.load(
             recovery_json, ddp_json, overhead_json, ckpt_json, health_json, ckpt_store
@@ -115,7 +116,7 @@ def ettr(
         print(f"note: {exc}; repair times use built-in defaults", file=sys.stderr)
         fit = None
     cfg = sim.SimConfig(
-        gpus=_gpus(gpus),
+        gpus=gpu_counts,
         days=days,
         seeds=seeds,
         seed=seed,

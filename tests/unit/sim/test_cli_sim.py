@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from stalwart.cli.main import app
@@ -26,7 +27,10 @@ def test_json_and_html(tmp_path):
     assert text.count("<svg") == 2 and "<script" not in text
 
 
-def test_bad_input_is_one_error_line():
+@pytest.mark.parametrize("data", ["shared", "absent"])
+def test_bad_input_is_one_error_line(data, tmp_path, monkeypatch):
+    if data == "absent":  # a fresh clone without the data sets: still one line
+        monkeypatch.setenv("STALWART_DATA_DIR", str(tmp_path))
     for args in (
         ["--gpus", "lots"],
         ["--strategies", "magic"],
