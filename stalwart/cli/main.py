@@ -67,5 +67,37 @@ def version() -> None:
     print(__version__)
 
 
+# click's exceptions, from wherever typer takes click (installed, or vendored by newer
+# typer, which re-exports only BadParameter of them).
+_clicks = sys.modules[typer.BadParameter.__module__]
+
+
+def main() -> None:
+    """The ``stalwart`` command: as ``app()``, except that a usage error (unknown command
+    or option, a value of the wrong type) is one ``Error:`` line and exit 2, like every
+    other bad input, instead of click's usage block."""
+    try:
+        code = app(standalone_mode=False, prog_name="stalwart")
+    except _clicks.UsageError as exc:
+        if exc.ctx is not None and exc.message == exc.ctx.get_help():
+            exc.show()  # a bare group prints its help, as before
+        else:
+            message = exc.format_message().rstrip(".")
+            print(f"Error: {message}{_help_hint(exc.ctx)}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except _clicks.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except _clicks.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    # Only an explicit exit returns an int here (commands return None).
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _help_hint(ctx) -> str:
+    return f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+
+
 if __name__ == "__main__":
-    app()
+    main()

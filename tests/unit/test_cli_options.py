@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from stalwart.api import coordinator
 from stalwart.cli.main import app as stalwart
+from stalwart.cli.main import main
 from stalwart.cli.target import FROM_FLAGS, LONG_TIMEOUT_S, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
 
@@ -88,17 +89,34 @@ def test_calls_that_walk_a_checkpoint_may_take_all_of_their_timeout(
 @pytest.mark.parametrize(
     "args, error",
     [
-        (["jobs", "--bogus"], "Error: No such option: --bogus"),
-        (["job", "create"], "Error: No such command 'create'."),
+        (["jobs", "--bogus"], "Error: No such option: --bogus (see 'stalwart jobs --help')"),
+        (["job", "create"], "Error: No such command 'create' (see 'stalwart job --help')"),
+        (
+            ["sim", "ettr", "--days", "abc"],
+            "Error: Invalid value for '--days': Input should be a valid number, unable to "
+            "parse string as a number (see 'stalwart sim ettr --help')",
+        ),
     ],
 )
-def test_usage_errors_end_in_one_plain_error_line(args: list[str], error: str) -> None:
-    """A mistyped command line exits 2 with click's plain usage hint and one `Error:`
-    line, the shape every other refusal of the CLI has (no framed box)."""
-    result = CliRunner().invoke(stalwart, args)
-    assert result.exit_code == 2
-    assert result.output.splitlines()[-1] == error
-    assert "╭" not in result.output
+def test_usage_errors_are_one_error_line(monkeypatch, capsys, args, error) -> None:
+    """The installed command (``main``) refuses a mistyped command line as it refuses
+    any other bad input: exit 2 and one `Error:` line naming where help is."""
+    monkeypatch.setattr("sys.argv", ["stalwart", *args])
+    with pytest.raises(SystemExit) as done:
+        main()
+    out, err = capsys.readouterr()
+    assert done.value.code == 2 and out == ""
+    assert err.splitlines() == [error]
+
+
+def test_the_installed_command_keeps_help_and_exit_codes(monkeypatch, capsys) -> None:
+    for args, code in ((["job"], 2), (["--help"], 0), (["version"], 0)):
+        monkeypatch.setattr("sys.argv", ["stalwart", *args])
+        with pytest.raises(SystemExit) as done:
+            main()
+        out, err = capsys.readouterr()
+        assert done.value.code == code, args
+        assert ("Usage: stalwart" in out + err) == (args != ["version"])
 
 
 @pytest.mark.parametrize(
