@@ -477,7 +477,7 @@ class Worker:
         pending = set(pushes)
         while pending:
             _, pending = await self._some_answered(pending)
-            why = self._pushes_moot(job, slots) if pending else None
+            why = self._follow_or_give_up(job, slots) if pending else None
             if why is not None:
                 logger.info(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
                 return False
@@ -576,7 +576,7 @@ class Worker:
                             job.model, step, slots[pushes.index(push)]
                         ) from None
                     raise
-            why = self._pushes_moot(job, slots) if pending else None
+            why = self._follow_or_give_up(job, slots) if pending else None
             if why is not None:
                 logger.warning(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
                 return False
@@ -601,10 +601,10 @@ class Worker:
         done = {p for p in pending if p.done()}
         return done, pending - done
 
-    def _pushes_moot(self, job: JobState, slots: tuple[int, ...]) -> str | None:
-        """Why the pending pushes cannot end well, or None. A slot taken away (the
-        slots spread out, a drain) is pushed to the end all the same. Pushes that can
-        follow a promoted backup are sent to it at once (ParamServerClient.follow)."""
+    def _follow_or_give_up(self, job: JobState, slots: tuple[int, ...]) -> str | None:
+        """Send the pending pushes after a promoted backup where they can follow it
+        (ParamServerClient.follow), and say why they cannot end well, or None. A slot
+        taken away (the slots spread out, a drain) is pushed to the end all the same."""
         desired = self.desired
         if desired is None or desired.job_id != job.job_id:
             return None
