@@ -148,6 +148,7 @@ class BackupSide:
         self.host.check_room(header.model)
         assembler = await reading.tensors(request_iterator, header.tensors, self.host.limits)
         tensors = assembler.finish()
+        await self.host.faults.before_install(header.model.job_id)  # tests only
         model = await off_loop(JobModel.from_install, header, tensors)
         previous = self.host.jobs.get(model.job_id)
         runtime = JobRuntime(model)

@@ -16,6 +16,9 @@ Set ``--faults`` or ``STALWART_FAULTS`` (same syntax as the trainer's):
   would reach version N + 1 (every slot of step N pushed, none of it forwarded to a
   backup yet) is SIGKILLed there: the step is lost with it, while the job's other
   shard groups commit it.
+- ``slow_install_seconds=S``: a backup that receives a job's state from its primary
+  (InstallState) holds it S seconds before taking it, as a slow disk or a busy
+  machine would: the primary meanwhile has no backup in sync.
 
 Each fault fires once and logs that it did, so tests can check it really fired.
 """
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from stalwart import faultspec, log
 
 _KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int, "crash_at_version": int,
-          "crash_before_commit_at_version": int}  # fmt: skip
+          "crash_before_commit_at_version": int, "slow_install_seconds": float}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Faults(faultspec.FaultSet):
     hang_commit_at_version: int | None = None
     crash_at_version: int | None = None
     crash_before_commit_at_version: int | None = None
+    slow_install_seconds: float | None = None
     fired: set = field(default_factory=set, compare=False, repr=False)
 
     def after_apply(self, model) -> None:
@@ -59,6 +63,16 @@ class Faults(faultspec.FaultSet):
             log.get_logger("stalwart.faults").warning(
                 "fault fired", fault="flip_state_at_version", version=model.version, tensor=name
             )
+
+    async def before_install(self, job_id: str) -> None:
+        """Called on a backup with a job's state read, before it takes it."""
+        if self.slow_install_seconds is not None and "slow_install" not in self.fired:
+            self.fired.add("slow_install")
+            log.get_logger("stalwart.faults").warning(
+                "fault fired", fault="slow_install_seconds", job=job_id,
+                seconds=self.slow_install_seconds,
+            )  # fmt: skip
+            await asyncio.sleep(self.slow_install_seconds)
 
     @property
     def at_commit(self) -> bool:

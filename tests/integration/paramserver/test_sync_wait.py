@@ -6,6 +6,11 @@ a resync round; a push that arrives in that window used to be refused with
 NO_INSYNC_BACKUP and sent its trainer into the SDK's retry backoff (a second and
 more after a promotion). It now waits for the install, up to
 ``servicer.SYNC_WAIT_S``, and is acknowledged.
+
+The restarted backup holds the install ``INSTALL_HELD_S`` (the
+``slow_install_seconds`` fault), so the push always lands in that window: without
+it the resync could install the backup before the push arrived, and the test
+passed without the wait.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tests.integration.paramserver.support import (
 pytestmark = pytest.mark.timeout(300)
 
 JOB = "sync-wait"
+INSTALL_HELD_S = 0.5  # well inside SYNC_WAIT_S, even with the install's own time
 
 
 def one_hot(step: int) -> dict[str, torch.Tensor]:
@@ -54,8 +60,11 @@ async def test_a_duplicate_waits_for_the_backup_being_installed(launcher) -> Non
             )  # fmt: skip
 
             port = backup.address.rsplit(":", 1)[1]
-            launcher.start("b-restarted", "--role", "backup", "--port", port)
-            # sent as soon as the backup serves, before or during its install
+            launcher.start(
+                "b-restarted", "--role", "backup", "--port", port,
+                "--faults", f"slow_install_seconds={INSTALL_HELD_S}",
+            )  # fmt: skip
+            # sent as soon as the backup serves: during its install
             answer = await push_raw(stub_for(primary.address), push_messages(JOB, 1, 0, one_hot(1)))
             assert (answer.version, answer.duplicate) == (2, True)
         finally:
