@@ -80,3 +80,22 @@ def test_a_flipped_holder_whose_verifiers_are_slow_is_never_pushed():
     other = "b" if g.asked_of("b") else "s"
     assert g.duplicate_report(KEY, other, 111) == ("a",)
     assert g.holder_report(KEY, "a", 999, ["s", "b"], 41.0).verdict is Verdict.DROP
+
+
+def test_two_trainers_pushing_the_same_batch_settle_it_between_them():
+    """A step some shard groups lag behind on is pushed for every slot by every trainer
+    that holds its base (services/trainer/worker.py, _slots_to_push), so one batch can
+    get two holders' reports: equal ones confirm each other, and of two that differ
+    the one a third node agrees with is pushed, the other dropped."""
+    g = GradientChecks()
+    assert g.holder_report(KEY, "a", 111, ["s", "b"], 0.0).verdict is Verdict.WAIT
+    out = g.holder_report(KEY, "b", 111, ["s", "a"], 0.0)
+    assert (out.verdict, out.quarantine) == (Verdict.PUSH, ())
+    assert g.holder_report(KEY, "a", 111, ["s", "b"], 0.1).verdict is Verdict.PUSH
+
+    g = GradientChecks()
+    g.holder_report(KEY, "a", 111, ["s", "b"], 0.0)
+    assert g.holder_report(KEY, "b", 999, ["s", "a"], 0.0).verdict is Verdict.WAIT
+    assert g.duplicate_report(KEY, "s", 111) == ("b",)
+    assert g.holder_report(KEY, "b", 999, ["s", "a"], 0.1).verdict is Verdict.DROP
+    assert g.holder_report(KEY, "a", 111, ["s", "b"], 0.1).verdict is Verdict.PUSH
