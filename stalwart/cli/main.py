@@ -11,7 +11,7 @@ from stalwart import __version__
 from stalwart.cli import admin, bench, ckpt, demo, jobs, ps, sim, top
 from stalwart.cli import cluster as cluster_cli
 from stalwart.cli import health as health_cli
-from stalwart.cli.output import cli_errors
+from stalwart.cli.output import ExitCode, cli_errors, error_line
 
 app = typer.Typer(
     help="Stalwart: self-healing distributed PyTorch training.",
@@ -82,9 +82,8 @@ def main() -> None:
         if exc.ctx is not None and exc.message == exc.ctx.get_help():
             exc.show()  # a bare group prints its help, as before
         else:
-            message = exc.format_message().rstrip(".")
-            print(f"Error: {message}{_help_hint(exc.ctx)}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+            error_line(exc.format_message().rstrip(".") + _help_hint(exc.ctx))
+        sys.exit(int(ExitCode.INVALID_INPUT))
     except _clicks.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

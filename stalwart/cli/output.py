@@ -46,8 +46,13 @@ _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 _INVALID = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
 
 
-def fail(message: str, code: ExitCode) -> None:
+def error_line(message: str) -> None:
+    """The one line every refusal of the CLI prints, on stderr."""
     print(f"Error: {message}", file=sys.stderr)
+
+
+def fail(message: str, code: ExitCode) -> None:
+    error_line(message)
     raise typer.Exit(int(code))
 
 
