@@ -80,9 +80,10 @@ class ChannelConfig:
     retry_unavailable: bool = True
     """Let gRPC retry UNAVAILABLE transparently (see the module docstring). Liveness
     probes turn it off: a peer that refuses connections must fail the probe at once,
-    not after retries have used up the probe's deadline. So do a trainer's shard
-    group clients, which find the next primary themselves on UNAVAILABLE, and a
-    primary's links to its backups, which resync a backup that failed a call."""
+    not after retries have used up the probe's deadline. So do the clients that
+    move to another replica themselves on UNAVAILABLE (the coordinator client, a
+    trainer's shard group clients) and a primary's links to its backups, which
+    resync a backup that failed a call."""
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> ChannelConfig:

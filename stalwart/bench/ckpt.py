@@ -142,7 +142,7 @@ async def stall(
     """Sync steps with and without a checkpoint after every step."""
     job = f"stall-{os.urandom(4).hex()}"
     model = _model(model_mib)
-    group = ShardGroupClient(list(addresses), lambda a: open_channel(a), call_timeout_s=120)
+    group = ShardGroupClient(list(addresses), call_timeout_s=120)
     client = ParamServerClient([group])
     sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=1e-3)
     sync = common.ConsistencySpec(mode=common.CONSISTENCY_MODE_SYNC)

@@ -34,7 +34,6 @@ import torch
 from stalwart import gradients
 from stalwart.api import common
 from stalwart.bench.ps import make_model
-from stalwart.channel import open_channel
 from stalwart.client import ParamServerClient, ShardGroupClient
 from stalwart.procs import start_service
 
@@ -56,7 +55,7 @@ def _start_groups(count: int, run_dir: Path) -> tuple[list, list[list[str]]]:
 
 
 def _client(groups: list[list[str]]) -> ParamServerClient:
-    return ParamServerClient([ShardGroupClient(a, open_channel) for a in groups])
+    return ParamServerClient([ShardGroupClient(a) for a in groups])
 
 
 async def _steps(groups: list[list[str]], model, repeats: int, wire: int) -> list[float]:

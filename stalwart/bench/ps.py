@@ -25,7 +25,6 @@ import torch
 from stalwart import codec
 from stalwart.api import common
 from stalwart.bench import echo
-from stalwart.channel import open_channel
 from stalwart.client import ParamServerClient, ShardGroupClient
 from stalwart.procs import start_service
 
@@ -77,7 +76,7 @@ async def _raw_grpc(address: str, nbytes: int, chunk: int, repeats: int) -> tupl
 
 
 async def _through_ps(addresses: list[str], model, repeats: int) -> tuple[float, float]:
-    group = ShardGroupClient(addresses, lambda a: open_channel(a))
+    group = ShardGroupClient(addresses)
     client = ParamServerClient([group])
     optimizer = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.01, momentum=0.9)
     consistency = common.ConsistencySpec(mode=common.CONSISTENCY_MODE_SYNC)

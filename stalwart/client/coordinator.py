@@ -120,6 +120,11 @@ class CoordinatorClient:
         config = channel_config or ChannelConfig()
         if config.max_reconnect_backoff_s is None:
             config = dataclasses.replace(config, max_reconnect_backoff_s=RECONNECT_BACKOFF_S)
+        # No transparent gRPC retries: this client retries UNAVAILABLE itself, on the
+        # next replica. With them a call to a killed leader was tried up to four times
+        # there (backoffs up to 0.7 s) before it could move on, and a heartbeat used up
+        # its whole deadline on the dead replica.
+        config = dataclasses.replace(config, retry_unavailable=False)
         self.channel_config = config
         self.call_timeout_s = call_timeout_s
         self.retry_for_s = retry_for_s

@@ -6,6 +6,7 @@ pieces by the shard map, and retries through failover with the same
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from stalwart import codec, shardmap
 from stalwart.api import common, coordinator, paramserver, paramserver_grpc
-from stalwart.channel import cancelled_by_caller
+from stalwart.channel import ChannelConfig, cancelled_by_caller, open_channel
 from stalwart.errors import ErrorKind, RpcError
 from stalwart.offload import tensor_bytes
 
@@ -207,19 +208,31 @@ class _Redirected(RpcError):
     """A call cut by :meth:`ShardGroupClient.follow`: retried at the named primary."""
 
 
+def replica_channels(
+    config: ChannelConfig | None = None, token: str | None = None
+) -> Callable[[str], grpc.aio.Channel]:
+    """How a shard group client opens its channels: as ``config`` says, with the role
+    ``token``, and without gRPC's transparent retries. The client finds the next
+    primary itself on UNAVAILABLE; with them every call to a killed primary, and
+    every search for the next one that asked it too, took 0.7 s (0.1 + 0.2 + 0.4 s
+    of retries) before the failover could begin."""
+    config = dataclasses.replace(config or ChannelConfig(), retry_unavailable=False)
+    return lambda address: open_channel(address, config, token)
+
+
 class ShardGroupClient:
     """One shard group: its replica addresses, the primary found among them, its epoch."""
 
     def __init__(
         self,
         addresses: Sequence[str],
-        open_channel: Callable[[str], grpc.aio.Channel],
+        open_channel: Callable[[str], grpc.aio.Channel] | None = None,
         call_timeout_s: float = 30.0,
         retry_for_s: float = 60.0,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
     ):
         self.addresses = list(addresses)
-        self._open_channel = open_channel
+        self._open_channel = open_channel or replica_channels()  # a test passes its own
         self._channels: dict[str, grpc.aio.Channel] = {}
         # A stub builds one callable per method (~0.1 ms): one per address, not per call.
         self._stubs: dict[str, ParamServerStub] = {}

@@ -19,7 +19,6 @@ import torch
 
 from stalwart import training
 from stalwart.api import common, coordinator
-from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
 from stalwart.demo.timeline import Ev
@@ -94,8 +93,7 @@ async def param_client(client: CoordinatorClient, job_id: str, spec) -> ParamSer
     for group in sorted(shard_map.groups, key=lambda g: g.shard):
         addresses = list(dict.fromkeys(a for a in [group.primary_address,
                                                     *group.backup_addresses] if a))  # fmt: skip
-        groups.append(ShardGroupClient(addresses, open_channel, call_timeout_s=10,
-                                       retry_for_s=30))  # fmt: skip
+        groups.append(ShardGroupClient(addresses, call_timeout_s=10, retry_for_s=30))  # fmt: skip
     ps = ParamServerClient(groups)
     ps.plan(training.initial_params(resolve(spec), spec.seed))
     return ps
@@ -104,7 +102,7 @@ async def param_client(client: CoordinatorClient, job_id: str, spec) -> ParamSer
 async def version_on(address: str, job_id: str) -> int | None:
     """The version ``job_id`` stands at on the paramserver replica at ``address``
     (None: it does not answer, or holds no such job)."""
-    group = ShardGroupClient([address], open_channel)
+    group = ShardGroupClient([address])
     try:
         status = await group.status(address)
     except RpcError:

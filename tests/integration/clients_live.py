@@ -24,7 +24,6 @@ from pathlib import Path
 
 from stalwart import cluster, codec, shardmap
 from stalwart.api import common, coordinator
-from stalwart.channel import open_channel
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
 from stalwart.procs import start_service
@@ -90,7 +89,7 @@ async def _python_pull(addresses: list[str], job_id: str) -> dict[str, tuple[str
     async with CoordinatorClient(addresses) as client:
         shard_map = await client.get_shard_map(job_id)
     groups = [
-        ShardGroupClient([g.primary_address, *g.backup_addresses], open_channel)
+        ShardGroupClient([g.primary_address, *g.backup_addresses])
         for g in sorted(shard_map.groups, key=lambda g: g.shard)
     ]
     ps = ParamServerClient(groups)

@@ -61,7 +61,7 @@ async def stubs() -> AsyncIterator[StubFor]:
 
 def group_client(addresses: Sequence[str], **kw) -> ShardGroupClient:
     kw.setdefault("call_timeout_s", TIMEOUT_S)
-    return ShardGroupClient(list(addresses), open_channel, **kw)
+    return ShardGroupClient(list(addresses), **kw)
 
 
 # --- specs ----------------------------------------------------------------------------

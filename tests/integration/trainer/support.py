@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -11,8 +10,7 @@ from google.protobuf import json_format
 
 from stalwart import models, training
 from stalwart.api import coordinator
-from stalwart.channel import open_channel
-from stalwart.client.paramserver import ParamServerClient, ShardGroupClient
+from stalwart.client.paramserver import ParamServerClient, ShardGroupClient, replica_channels
 
 
 def small_spec(**overrides) -> coordinator.JobSpec:
@@ -40,8 +38,7 @@ async def final_weights(
 ) -> tuple[int, dict]:
     """Pull the job's weights once its version reaches spec.steps (``token``: the
     role token to pull with, where the replicas have tokens configured)."""
-    channel = functools.partial(open_channel, role_token=token)
-    client = ParamServerClient([ShardGroupClient(addresses, channel)])
+    client = ParamServerClient([ShardGroupClient(addresses, replica_channels(token=token))])
     client.plan(training.initial_params(models.resolve(spec), spec.seed))
     try:
         versions, params = await client.pull(job_id, -1, spec.steps)
