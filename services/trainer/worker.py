@@ -406,7 +406,9 @@ class Worker:
             if not carry:
                 prefetch = asyncio.ensure_future(self._pull_consistent(job, step + 1, timed=False))
             pushing = time.perf_counter()
-            pushed = await self._pushed(job, step, to_push, pushes)
+            pushed = await self._answered(
+                job, to_push, dict(zip(to_push, pushes, strict=True)), step=step
+            )
         finally:
             if not pushed:  # failed or abandoned: drop the pushes and the read-only pull
                 for task in [*pushes, *([prefetch] if prefetch else [])]:
@@ -459,38 +461,21 @@ class Worker:
                 results.append(result)
                 push = job.client.push(job.job_id, step, slot, base, result.grads, result.loss)
                 pushes[slot] = (step, asyncio.ensure_future(push))
-            if not await self._all_answered(job, slots, [p for _, p in pushes.values()]):
+            answers = {slot: push for slot, (_, push) in pushes.items()}
+            if not await self._answered(job, slots, answers):
                 return
             for slot, (step, push) in pushes.items():
-                await self._pushed_unsynced(job, slot, step, push)
+                self._pushed_unsynced(job, slot, step, push)
         finally:
             for _, push in pushes.values():
                 await _abandon(push)  # applied once or not at all; a lost one is relearnt
         self._record(base, time.monotonic() - started, results)
 
-    async def _all_answered(
-        self, job: JobState, slots: tuple[int, ...], pushes: list[asyncio.Future]
-    ) -> bool:
-        """Wait for every push to be answered, unless meanwhile the shard map moved or
-        the trainer was given another slot (an SSP push held for a slot that had lost
-        its trainer waits for that slot's push, which this trainer now makes)."""
-        pending = set(pushes)
-        while pending:
-            _, pending = await self._some_answered(pending)
-            why = self._follow_or_give_up(job, slots) if pending else None
-            if why is not None:
-                logger.info(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
-                return False
-        return True
-
-    async def _pushed_unsynced(
-        self, job: JobState, slot: int, step: int, push: asyncio.Future
-    ) -> None:
+    def _pushed_unsynced(self, job: JobState, slot: int, step: int, push: asyncio.Future) -> None:
+        """Move the slot's clock on past an answered push, or raise how it failed."""
         try:
-            await push
+            _raise_failed(job, step, slot, push)  # answered already (_answered)
         except RpcError as err:
-            if err.kind is ErrorKind.NON_FINITE:  # reported as the job's own, as in _pushed
-                raise joberrors.not_finite(job.model, step, slot) from None
             if err.kind in (ErrorKind.INVALID_ARGUMENT, ErrorKind.CONFLICTING_PUSH):
                 job.clocks.pop(slot, None)  # another holder pushed for the slot: relearn
             raise
@@ -545,37 +530,39 @@ class Worker:
         if self.on_step is not None:
             self.on_step(step)
 
-    async def _pushed(
-        self, job: JobState, step: int, slots: tuple[int, ...], pushes: list[asyncio.Future]
-    ) -> bool:
-        """Wait for every push to the end, unless meanwhile the job's shard groups moved
-        where these pushes cannot follow (_followed_by_old_client) or the trainer was
-        given a slot more (False: the step starts over).
+    async def _answered(
+        self, job: JobState, slots: tuple[int, ...], pushes: dict[int, asyncio.Future],
+        step: int | None = None,
+    ) -> bool:  # fmt: skip
+        """Wait for every push (``{slot: push}``) to be answered, unless meanwhile the
+        job's shard groups moved where these pushes cannot follow
+        (_followed_by_old_client) or the trainer was given a slot more (False: the
+        step starts over). ``slots``: the slots the trainer holds or pushes for.
 
         A push to a group that is gone (every replica lost, then restored
         elsewhere from a checkpoint) would only retry until its SDK gives up; a
-        step waiting on a slot this trainer now holds would wait for ever.
-        Pushes are keyed by (job, step, slot), so abandoning one is safe: it was
-        applied once or not at all, and the next attempt pulls again (a slot
-        pushed already is answered as a duplicate)."""
-        pending, since, logged = set(pushes), time.monotonic(), False
+        step waiting on a slot this trainer now holds would wait for ever (an SSP
+        push held for a slot that lost its trainer waits for the push this
+        trainer now makes). Pushes are keyed by (job, step, slot), so abandoning
+        one is safe: it was applied once or not at all, and the next attempt
+        pulls again (a slot pushed already is answered as a duplicate).
+
+        ``step``: the synchronous step all the pushes are for; a failed push then
+        ends the wait at once (the asynchronous modes look at each push's answer
+        afterwards, slot by slot)."""
+        pending, since, logged = set(pushes.values()), time.monotonic(), False
         while pending:
             done, pending = await self._some_answered(pending)
             if pending and not logged and time.monotonic() - since > SLOW_PUSH_LOG_S:
                 logged = True
                 logger.warning("step waiting on its pushes", job=job.job_id, step=step,
-                               slots=[k for k, p in zip(slots, pushes, strict=True) if p in pending],
+                               slots=[k for k, p in pushes.items() if p in pending],
                                seconds=round(time.monotonic() - since, 1),
                                primaries=job.client.primaries())  # fmt: skip
-            for push in done:
-                try:
-                    push.result()
-                except RpcError as err:
-                    if err.kind is ErrorKind.NON_FINITE:
-                        raise joberrors.not_finite(
-                            job.model, step, slots[pushes.index(push)]
-                        ) from None
-                    raise
+            if step is not None:
+                for slot, push in pushes.items():
+                    if push in done:
+                        _raise_failed(job, step, slot, push)
             why = self._follow_or_give_up(job, slots) if pending else None
             if why is not None:
                 logger.warning(f"pushes abandoned: {why}", job=job.job_id, slots=list(slots))
@@ -646,6 +633,16 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
+
+
+def _raise_failed(job: JobState, step: int, slot: int, push: asyncio.Future) -> None:
+    """Raise the error a finished push ended with; non-finite gradients as the job's own."""
+    try:
+        push.result()
+    except RpcError as err:
+        if err.kind is ErrorKind.NON_FINITE:
+            raise joberrors.not_finite(job.model, step, slot) from None
+        raise
 
 
 def _finishes_lagging_step(job: JobState, versions: list[int]) -> bool:

@@ -143,7 +143,7 @@ def test_pushes_to_a_moved_group_are_abandoned_when_the_map_arrives(monkeypatch)
 
     async def scenario():
         push = asyncio.ensure_future(_never())  # to a primary that died
-        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0,), [push]))
+        waiting = asyncio.ensure_future(worker._answered(state, (0,), {0: push}, step=4))
         await asyncio.sleep(0)
         assert not waiting.done()
         worker.assign(_assignment("127.0.0.1:1002"))  # its backup, promoted
@@ -164,7 +164,7 @@ def test_an_assignment_that_moves_nothing_leaves_the_pushes_waiting(monkeypatch)
 
     async def scenario():
         answer = asyncio.get_running_loop().create_future()
-        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0,), [answer]))
+        waiting = asyncio.ensure_future(worker._answered(state, (0,), {0: answer}, step=4))
         for _ in range(5):  # the change event stays set: the checks alone pace the wait
             await asyncio.sleep(0.02)
         assert not waiting.done()
@@ -185,7 +185,7 @@ def test_pushes_on_their_way_to_a_promoted_backup_go_on(monkeypatch):
 
     async def scenario():
         answer = asyncio.get_running_loop().create_future()
-        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0,), [answer]))
+        waiting = asyncio.ensure_future(worker._answered(state, (0,), {0: answer}, step=4))
         await asyncio.sleep(0)
         worker.assign(_assignment("127.0.0.1:1002"))  # the backup, promoted
         for _ in range(5):
@@ -227,7 +227,9 @@ def test_a_step_waiting_long_on_its_pushes_is_logged_once_with_the_primaries(mon
         loop = asyncio.get_running_loop()
         answered, waiting_on = loop.create_future(), loop.create_future()
         answered.set_result(None)
-        waiting = asyncio.ensure_future(worker._pushed(state, 4, (0, 1), [answered, waiting_on]))
+        waiting = asyncio.ensure_future(
+            worker._answered(state, (0, 1), {0: answered, 1: waiting_on}, step=4)
+        )
         for _ in range(5):
             await asyncio.sleep(0.02)
         waiting_on.set_result(None)
