@@ -131,6 +131,11 @@ class ClusterConfig:
     """Fork services from a detached launcher with torch imported that outlives this
     process (``stalwart up``; :class:`stalwart.procs.Launcher`): one per run, recorded in
     the state file, stopped after the members. ``preload_services`` wins over it."""
+    stop_with_caller: bool = False
+    """With ``launcher``: once the process that started the cluster has exited, however
+    it ended (SIGTERM from ``timeout``, kill -9, out of memory), the launcher stops every
+    service and removes the run's own store. Benchmarks and the demo set it, so a run
+    cut short leaves no cluster training on; ``stalwart up``'s cluster outlives ``up``."""
     hosts: Mapping[str, Host] = field(default_factory=dict)
     """Members (by name) that run on a host of their own instead of loopback: tests of
     network faults cut and partition these hosts' links."""
@@ -471,13 +476,16 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
     run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root)
     run_dir.mkdir(parents=True, exist_ok=True)
     owns_store = not config.store_url
-    store_url = config.store_url or f"shm://{reserve_store_dir(run_dir.name)}"
+    store_dir = None if config.store_url else reserve_store_dir(run_dir.name)
+    store_url = config.store_url or f"shm://{store_dir}"
     cluster = LocalCluster(run_dir.resolve(), store_url, owns_store, config=config)
     cluster.save()
     try:
         if config.launcher and not config.preload_services:
+            owner = os.getpid() if config.stop_with_caller else None
             cluster.launcher = Launcher.start(cluster.log_dir, timeout=config.start_timeout_s,
-                                              cwd=_repo_root())  # fmt: skip
+                                              cwd=_repo_root(), owner=owner,
+                                              owner_scratch=store_dir)  # fmt: skip
             cluster.save()  # recorded before it forks anything: down finds it either way
         _start_everything(cluster, config)
     except Exception as exc:

@@ -20,7 +20,10 @@ has imported the same modules, ``python -m stalwart.procs``: it runs in a sessio
 of its own, outlives the command that started it and serves fork requests on an
 abstract unix socket (same user only) until it is stopped. ``stalwart up`` uses one
 per cluster, so its services outlive the command and a later command (a stand-in
-for a dead trainer) forks from the same launcher. The child is set up by the same
+for a dead trainer) forks from the same launcher. A launcher started with an
+``owner`` (benchmarks, the demo) instead stops every service it forked once that
+process has exited, however it ended (SIGTERM, kill -9, out of memory): its
+``finally`` that stops the cluster may never have run. The child is set up by the same
 code as the fork server's (:func:`_run_module`), so either way a service runs as
 ``python -m`` would have run it: own session, log, environment, working directory.
 The launcher never initialises CUDA (it refuses to fork if torch has), so a trainer
@@ -30,6 +33,7 @@ forked from it starts CUDA as a fresh interpreter would.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import importlib
 import json
@@ -37,6 +41,7 @@ import multiprocessing
 import os
 import runpy
 import secrets
+import shutil
 import signal
 import socket
 import struct
@@ -44,7 +49,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -330,6 +335,8 @@ def _read_ready(path: Path) -> dict[str, Any] | None:
 _LAUNCHER_MODULE = "stalwart.procs"
 # a fork of a process holding torch takes milliseconds; a loaded machine more
 _CALL_TIMEOUT_S = 30.0
+OWNER_CHECK_S = 0.5  # how often a launcher with an owner looks whether it still runs
+OWNER_STOP_S = 10.0  # how long its services get to stop after SIGTERM, then SIGKILL
 
 
 class LauncherError(ServiceStartError):
@@ -350,9 +357,14 @@ class Launcher:
 
     @classmethod
     def start(cls, run_dir: Path, name: str = "launcher", timeout: float = 90.0,
-              cwd: Path | None = None) -> Launcher:  # fmt: skip
+              cwd: Path | None = None, owner: int | None = None,
+              owner_scratch: Path | None = None) -> Launcher:  # fmt: skip
         """Start one in its own session (log ``<run_dir>/<name>.log``) and return once it
-        has imported :data:`PRELOADED_MODULES` and listens."""
+        has imported :data:`PRELOADED_MODULES` and listens.
+
+        ``owner``: a pid; once that process has exited, the launcher stops every
+        service it forked (SIGTERM to each one's group, SIGKILL after
+        OWNER_STOP_S), removes ``owner_scratch`` (the run's own store) and exits."""
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         ready_file = run_dir / f"{name}.ready.json"
@@ -361,6 +373,10 @@ class Launcher:
         address = f"stalwart-launcher-{os.getpid()}-{secrets.token_hex(8)}"
         command = [sys.executable, "-m", _LAUNCHER_MODULE, "--address", address,
                    "--ready-file", str(ready_file)]  # fmt: skip
+        if owner is not None:
+            command += ["--owner", f"{owner}:{process_start_ticks(owner) or 0}"]
+            if owner_scratch is not None:
+                command += ["--owner-scratch", str(owner_scratch)]
         with open(log_path, "ab") as log_file:
             popen = _spawn(command, log_file, None, cwd)
         proc = ServiceProcess(name, popen, log_path, ready_file)
@@ -474,8 +490,12 @@ def _read_line(sock: socket.socket) -> bytes:
     return data
 
 
-def _serve_launcher(address: str, ready_file: Path) -> None:
-    """The launcher's loop: import, listen, fork on request, reap what it forked."""
+def _serve_launcher(
+    address: str, ready_file: Path, owner: tuple[int, int] | None = None,
+    owner_scratch: Path | None = None,
+) -> None:  # fmt: skip
+    """The launcher's loop: import, listen, fork on request, reap what it forked; with
+    an ``owner`` (pid, start ticks), stop them all and return once it has exited."""
     for module in PRELOADED_MODULES:
         importlib.import_module(module)
     exits: dict[int, int] = {}
@@ -500,8 +520,20 @@ def _serve_launcher(address: str, ready_file: Path) -> None:
     tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
     tmp.replace(ready_file)
     print(f"launcher {os.getpid()} ready on @{address}", flush=True)
+    if owner is not None:
+        listener.settimeout(OWNER_CHECK_S)  # accept wakes up to look at the owner
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if _running(*owner):
+                continue
+            print(f"launcher: owner {owner[0]} has exited; stopping {len(children)} services",
+                  flush=True)  # fmt: skip
+            _stop_children(children, reap)
+            if owner_scratch is not None:
+                shutil.rmtree(owner_scratch, ignore_errors=True)
+            return
         with conn:
             try:
                 conn.settimeout(_CALL_TIMEOUT_S)
@@ -522,6 +554,26 @@ def _serve_launcher(address: str, ready_file: Path) -> None:
                 conn.sendall(json.dumps(answer).encode() + b"\n")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 print(f"launcher: bad request: {exc!r}", flush=True)
+
+
+def _running(pid: int, start_ticks: int) -> bool:
+    """``pid`` runs, and is the process that had ``start_ticks`` (0: any); a zombie
+    has exited."""
+    ticks = process_start_ticks(pid)
+    return ticks is not None and (not start_ticks or ticks == start_ticks)
+
+
+def _stop_children(children: set[int], reap: Callable[[], None]) -> None:
+    """SIGTERM each child's process group (each leads its own session), SIGKILL what
+    is left after OWNER_STOP_S; ``reap`` takes the exited ones out of ``children``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        deadline = time.monotonic() + OWNER_STOP_S
+        while children and time.monotonic() < deadline:
+            time.sleep(0.05)
+            reap()
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -584,8 +636,17 @@ def _launcher_main(argv: list[str]) -> None:
                                      description="a detached preloaded service launcher")  # fmt: skip
     parser.add_argument("--address", required=True, help="abstract unix socket name")
     parser.add_argument("--ready-file", required=True, type=Path)
+    parser.add_argument("--owner", type=_pid_and_ticks, default=None,
+                        help="PID:START_TICKS; stop every service forked once it has exited")  # fmt: skip
+    parser.add_argument("--owner-scratch", type=Path, default=None,
+                        help="a directory to remove then (the run's own store)")  # fmt: skip
     opts = parser.parse_args(argv)
-    _serve_launcher(opts.address, opts.ready_file)
+    _serve_launcher(opts.address, opts.ready_file, opts.owner, opts.owner_scratch)
+
+
+def _pid_and_ticks(text: str) -> tuple[int, int]:
+    pid, _, ticks = text.partition(":")
+    return int(pid), int(ticks or 0)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,9 @@ def _stalwart(
 ):  # fmt: skip
     reference = training.reference_run(spec)
     local = cluster.start(
-        cluster.ClusterConfig(trainers=3, standbys=1, runs_root=runs_root, launcher=True)
+        cluster.ClusterConfig(
+            trainers=3, standbys=1, runs_root=runs_root, launcher=True, stop_with_caller=True
+        )
     )
     rows = []
     try:

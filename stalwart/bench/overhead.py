@@ -82,7 +82,9 @@ def run(
     spec = mlp_spec(steps, batch_size, hidden)
     plain = plain_loop(spec, warmup)
     local = cluster.start(
-        cluster.ClusterConfig(trainers=1, standbys=0, runs_root=runs_root, launcher=True)
+        cluster.ClusterConfig(
+            trainers=1, standbys=0, runs_root=runs_root, launcher=True, stop_with_caller=True
+        )
     )
     try:
         asyncio.run(cluster.wait_healthy(local, 120))

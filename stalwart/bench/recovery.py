@@ -86,7 +86,9 @@ async def _measure(local, trials: int, between: int) -> dict:
 def run(trials: int = 3, between: int = 20, runs_root: Path = cluster.DEFAULT_RUNS_ROOT) -> dict:
     training.make_deterministic(1)
     local = cluster.start(
-        cluster.ClusterConfig(trainers=2, standbys=1, runs_root=runs_root, launcher=True)
+        cluster.ClusterConfig(
+            trainers=2, standbys=1, runs_root=runs_root, launcher=True, stop_with_caller=True
+        )
     )
     try:
         asyncio.run(cluster.wait_healthy(local, 120))

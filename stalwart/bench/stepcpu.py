@@ -118,7 +118,9 @@ def main(steps: int = 400, standbys: int = 1) -> None:
     if steps <= WARMUP:
         raise SystemExit(f"Error: STEPS must be above {WARMUP}")
     spec = ddp.workload(steps)
-    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=standbys, launcher=True))
+    local = cluster.start(
+        cluster.ClusterConfig(trainers=3, standbys=standbys, launcher=True, stop_with_caller=True)
+    )
     try:
         asyncio.run(cluster.wait_healthy(local, 300))
         print(json.dumps(asyncio.run(_measure(local, spec))), flush=True)

@@ -42,7 +42,9 @@ def main(jobs: int = 2, steps: int = 200, standbys: int = 1) -> None:
     training.make_deterministic(1)
     spec = ddp.workload(steps)
     reference = training.reference_run(spec)
-    local = cluster.start(cluster.ClusterConfig(trainers=3, standbys=standbys, launcher=True))
+    local = cluster.start(
+        cluster.ClusterConfig(trainers=3, standbys=standbys, launcher=True, stop_with_caller=True)
+    )
     try:
         asyncio.run(cluster.wait_healthy(local, 300))
         asyncio.run(_jobs(local, spec, jobs, reference))

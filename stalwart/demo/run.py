@@ -87,7 +87,7 @@ def cluster_config(config: DemoConfig) -> cluster.ClusterConfig:
         trainers=config.trainers, standbys=config.standbys + (1 if heat else 0),
         runs_root=config.runs_root,
         start_timeout_s=config.start_timeout_s, health=config.health,
-        member_args=faults, launcher=True,
+        member_args=faults, launcher=True, stop_with_caller=True,
     )  # fmt: skip
 
 

@@ -1,0 +1,56 @@
+"""A benchmark's or the demo's cluster (``ClusterConfig.stop_with_caller``) does not
+outlive the process that started it, however that process ends: its ``finally``
+never runs on SIGTERM's default action or kill -9, and the launcher, which outlives
+everything by design, stops the services and removes the run's store instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _dead(pid: int) -> bool:
+    """Exited: gone, or a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+def test_the_cluster_stops_when_its_caller_dies(tmp_path: Path, sig: signal.Signals):
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.cluster.owned_cluster_main", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started: dict = {}
+    try:
+        line = owner.stdout.readline()
+        assert line, f"the cluster did not start (exit {owner.wait()})"
+        started = json.loads(line)
+        processes = [*started["members"], started["launcher"]]
+        assert len(started["members"]) == 3  # coordinator, primary, trainer
+        assert not any(_dead(pid) for pid in processes)
+        assert Path(started["store"]).is_dir()
+
+        owner.send_signal(sig)
+        assert owner.wait(timeout=30) == -sig
+        assert_eventually(lambda: all(_dead(pid) for pid in processes), timeout=60)
+        assert not Path(started["store"]).exists()
+    finally:
+        owner.kill()
+        for pid in [*started.get("members", []), started.get("launcher")]:
+            if pid and not _dead(pid):
+                os.killpg(pid, signal.SIGKILL)
