@@ -34,10 +34,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 LAGGING = 20  # group 1's primary dies committing step 20
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lagging(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.LocalCluster]:
-    """2 coordinators; 2 shard groups (group 1's primary with the fault); 2 trainers,
-    no standby (a standby would hold version N and finish the step)."""
+    """2 coordinators; 2 shard groups (group 1's primary with the fault, which fires
+    once: a cluster per test); 2 trainers, no standby (a standby would hold version
+    N and finish the step)."""
     root = Path(tmp_path_factory.mktemp("runs"))
     faults = {"ps-1a": ("--faults", f"crash_before_commit_at_version={LAGGING}")}
     with running_cluster(root, trainers=2, standbys=0, shards=2, member_args=faults) as started:
@@ -59,9 +60,16 @@ async def _run(local: cluster.LocalCluster, spec) -> tuple[coordinator.Job, int,
         return job, version, weights, name
 
 
-def test_a_fresh_slot_trainer_and_a_lagging_group_still_end_bitwise_equal(lagging):
+@pytest.mark.parametrize("duplicate_rate", [0.0, 1.0], ids=["plain", "duplicate-compute"])
+def test_a_fresh_slot_trainer_and_a_lagging_group_still_end_bitwise_equal(
+    lagging, duplicate_rate: float
+):
+    """With duplicate compute on every batch, the surviving trainer's push of the
+    restarted slot's lagging step (a slot it does not hold) passes the same check as
+    its own: nobody else can compute that batch, and the job must not wait on it."""
     spec = small_spec(steps=40)
     spec.num_shards = 2
+    spec.duplicate_compute_rate = duplicate_rate
     want = reference(spec)
     job, version, weights, restarted = asyncio.run(_run(lagging, spec))
     assert job.state == coordinator.JOB_STATE_SUCCEEDED, job.reason
