@@ -160,86 +160,22 @@ def write_tensors(
 
     chunk_bytes = check_chunk_bytes(chunk_bytes)
     started = time.perf_counter()
-    stats = WriteStats()
-    claimed: set[str] = set(skip)
-    claim_lock = threading.Lock()
-    known_bases: set[str] = set(skip)  # bases proven stored (the parent's, or checked)
-
-    def put(key: str, data: bytes | memoryview) -> None:
-        if before_put is not None:
-            before_put(key)
-        # ``key`` was computed from these very bytes a moment ago (its content
-        # address): the store need not hash them a second time
-        store.put_chunk(key, data, verified=True)
-
-    def try_patch(place, ref: common.ChunkRef, data: bytes | memoryview) -> int | None:
-        """Store ``data`` as a patch against the base at ``place``; bytes written, or None."""
-        base = patch_base.chunks.get(place) if patch_base is not None else None
-        if base is None or len(base[1]) != len(data):
-            return None
-        blocks = chunkpatch.changed_blocks(base[1], data, patch_base.block_bytes)
-        size = chunkpatch.patch_size(len(data), patch_base.block_bytes, blocks)
-        if size > patch_base.max_fraction * len(data):
-            return None
-        # the base must still be stored (garbage collection may have taken it):
-        # publish would refuse a manifest naming a missing base
-        if base[0] not in known_bases:
-            if not store.has_chunk(base[0]):
-                del patch_base.chunks[place]
-                return None
-            known_bases.add(base[0])
-        patch = chunkpatch.make_patch(data, patch_base.block_bytes, blocks)
-        ref.base_hash, ref.patch_hash = base[0], hashlib.sha256(patch).hexdigest()
-        ref.patch_size, ref.patch_crc32c = len(patch), crc32c(patch)
-        with claim_lock:
-            if ref.patch_hash in claimed:
-                return 0
-            claimed.add(ref.patch_hash)
-        if store.has_chunk(ref.patch_hash):
-            return 0
-        put(ref.patch_hash, patch)
-        return len(patch)
-
-    def store_piece(job) -> tuple[common.ChunkRef, int, bool]:
-        """(ref, bytes written, stored as a patch)."""
-        # the snapshot's bytes, not a copy: hashed, CRC'd and stored from there
-        index, offset, data = job
-        ref = common.ChunkRef(hash=hashlib.sha256(data).hexdigest(), size=len(data))
-        ref.crc32c = crc32c(data)
-        with claim_lock:  # identical chunks (zeroed state) are written once
-            if ref.hash in claimed:
-                return ref, 0, False
-        if store.has_chunk(ref.hash):
-            return ref, 0, False
-        place = (items[index].shard, items[index].name, offset)
-        patched = try_patch(place, ref, data)
-        if patched is not None:
-            return ref, patched, True
-        with claim_lock:
-            if ref.hash in claimed:
-                return ref, 0, False
-            claimed.add(ref.hash)
-        put(ref.hash, data)
-        if patch_base is not None:
-            # stored whole: the new base here (a copy: the snapshot is reused)
-            patch_base.chunks[place] = (ref.hash, bytes(data))
-        return ref, len(data), False
-
-    out: list[common.CheckpointTensor] = []
-    views = [codec.byte_view(item.tensor) for item in items]
-    for item in items:
-        out.append(
-            common.CheckpointTensor(
-                spec=codec.spec_of(item.name, item.tensor), shard=item.shard, kind=item.kind
-            )
+    writer = _ChunkWriter(store, skip, before_put, patch_base)
+    out = [
+        common.CheckpointTensor(
+            spec=codec.spec_of(item.name, item.tensor), shard=item.shard, kind=item.kind
         )
-    jobs = [
-        (index, offset, view[offset : offset + chunk_bytes])
-        for index, view in enumerate(views)
+        for item in items
+    ]
+    views = [codec.byte_view(item.tensor) for item in items]
+    pieces = [  # (tensor's index, place, bytes)
+        (index, (item.shard, item.name, offset), view[offset : offset + chunk_bytes])
+        for index, (item, view) in enumerate(zip(items, views, strict=True))
         for offset in range(0, len(view), chunk_bytes)
     ]
-    results = _bounded_map(store_piece, jobs, workers)
-    for (index, _, _), (ref, written, patched) in zip(jobs, results, strict=True):
+    stats = WriteStats()
+    results = _bounded_map(lambda piece: writer.write(piece[1], piece[2]), pieces, workers)
+    for (index, _, _), (ref, written, patched) in zip(pieces, results, strict=True):
         out[index].chunks.append(ref)
         stats.total_chunks += 1
         stats.total_bytes += ref.size
@@ -251,6 +187,88 @@ def write_tensors(
     CHUNKS_WRITTEN.inc(stats.written_chunks)
     CHUNKS_REUSED.inc(stats.reused_chunks)
     return out, stats
+
+
+class _ChunkWriter:
+    """Stores one call's chunks from several threads: each distinct chunk once, and
+    none the store (or ``skip``) already holds; a changed chunk as a patch against
+    its base where ``patch_base`` allows."""
+
+    def __init__(
+        self,
+        store: Store,
+        skip: Collection[str],
+        before_put: Callable[[str], None] | None,
+        patch_base: PatchBase | None,
+    ) -> None:
+        self.store = store
+        self.before_put = before_put
+        self.patch_base = patch_base
+        self.claimed: set[str] = set(skip)  # keys written (or being written) by this call
+        self.lock = threading.Lock()
+        self.known_bases: set[str] = set(skip)  # bases proven stored (the parent's, or checked)
+
+    def write(self, place: tuple, data: bytes | memoryview) -> tuple[common.ChunkRef, int, bool]:
+        """Store the chunk at ``place`` (shard, name, offset): (ref, bytes written,
+        stored as a patch). ``data`` is the snapshot's bytes, not a copy: hashed,
+        CRC'd and stored from there."""
+        ref = common.ChunkRef(hash=hashlib.sha256(data).hexdigest(), size=len(data))
+        ref.crc32c = crc32c(data)
+        with self.lock:  # identical chunks (zeroed state) are written once
+            if ref.hash in self.claimed:
+                return ref, 0, False
+        if self.store.has_chunk(ref.hash):
+            return ref, 0, False
+        patched = self._try_patch(place, ref, data)
+        if patched is not None:
+            return ref, patched, True
+        if not self._claim(ref.hash):
+            return ref, 0, False
+        self._put(ref.hash, data)
+        if self.patch_base is not None:
+            # stored whole: the new base here (a copy: the snapshot is reused)
+            self.patch_base.chunks[place] = (ref.hash, bytes(data))
+        return ref, len(data), False
+
+    def _try_patch(self, place, ref: common.ChunkRef, data: bytes | memoryview) -> int | None:
+        """Store ``data`` as a patch against the base at ``place``; bytes written, or None."""
+        patch_base = self.patch_base
+        base = patch_base.chunks.get(place) if patch_base is not None else None
+        if base is None or len(base[1]) != len(data):
+            return None
+        blocks = chunkpatch.changed_blocks(base[1], data, patch_base.block_bytes)
+        size = chunkpatch.patch_size(len(data), patch_base.block_bytes, blocks)
+        if size > patch_base.max_fraction * len(data):
+            return None
+        # the base must still be stored (garbage collection may have taken it):
+        # publish would refuse a manifest naming a missing base
+        if base[0] not in self.known_bases:
+            if not self.store.has_chunk(base[0]):
+                del patch_base.chunks[place]
+                return None
+            self.known_bases.add(base[0])
+        patch = chunkpatch.make_patch(data, patch_base.block_bytes, blocks)
+        ref.base_hash, ref.patch_hash = base[0], hashlib.sha256(patch).hexdigest()
+        ref.patch_size, ref.patch_crc32c = len(patch), crc32c(patch)
+        if not self._claim(ref.patch_hash) or self.store.has_chunk(ref.patch_hash):
+            return 0
+        self._put(ref.patch_hash, patch)
+        return len(patch)
+
+    def _claim(self, key: str) -> bool:
+        """True for the one caller that is to write ``key`` in this call."""
+        with self.lock:
+            if key in self.claimed:
+                return False
+            self.claimed.add(key)
+            return True
+
+    def _put(self, key: str, data: bytes | memoryview) -> None:
+        if self.before_put is not None:
+            self.before_put(key)
+        # ``key`` was computed from these very bytes a moment ago (its content
+        # address): the store need not hash them a second time
+        self.store.put_chunk(key, data, verified=True)
 
 
 def _bounded_map(fn, items: Sequence, workers: int) -> Iterator:
