@@ -195,7 +195,11 @@ def start_service(
         with open(log_path, "ab") as log_file:
             popen = _spawn(command, log_file, env, cwd)
     proc = ServiceProcess(name, popen, log_path, ready_file)
-    proc.ready = _wait_ready(proc, timeout)
+    try:
+        proc.ready = _wait_ready(proc, timeout)
+    except BaseException:  # the caller never gets it to stop (SIGTERM's unwind, Ctrl-C)
+        proc.kill()
+        raise
     return proc
 
 
@@ -380,7 +384,11 @@ class Launcher:
         with open(log_path, "ab") as log_file:
             popen = _spawn(command, log_file, None, cwd)
         proc = ServiceProcess(name, popen, log_path, ready_file)
-        proc.ready = _wait_ready(proc, timeout)
+        try:
+            proc.ready = _wait_ready(proc, timeout)
+        except BaseException:  # nobody would know to stop it
+            proc.kill()
+            raise
         return cls(address, popen.pid, process_start_ticks(popen.pid) or 0, str(log_path))
 
     def alive(self) -> bool:

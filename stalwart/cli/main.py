@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import typer
@@ -68,14 +69,16 @@ def version() -> None:
 
 
 # click's exceptions, from wherever typer takes click (installed, or vendored by newer
-# typer, which re-exports only BadParameter of them).
+# typer, which re-exports only BadParameter of them; Abort and Exit are typer's own
+# names in both).
 _clicks = sys.modules[typer.BadParameter.__module__]
 
 
 def main() -> None:
     """The ``stalwart`` command: as ``app()``, except that a usage error (unknown command
     or option, a value of the wrong type) is one ``Error:`` line and exit 2, like every
-    other bad input, instead of click's usage block."""
+    other bad input, instead of click's usage block; and SIGTERM unwinds the command."""
+    _exit_on_sigterm()
     try:
         code = app(standalone_mode=False, prog_name="stalwart")
     except _clicks.UsageError as exc:
@@ -87,11 +90,24 @@ def main() -> None:
     except _clicks.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except _clicks.Abort:
+    except typer.Abort:  # EOF at a prompt (Ctrl-C is typer's Exit(130))
         print("Aborted!", file=sys.stderr)
         sys.exit(1)
     # Only an explicit exit returns an int here (commands return None).
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a supervisor, ``kill``) ends a command through its
+    ``finally`` blocks, as Ctrl-C does, not on the spot: a benchmark then stops the
+    services it started (``bench ps`` and ``exchange`` start theirs without a launcher
+    that would). Exit status 143, the signal's own; a second SIGTERM ends it at once."""
+
+    def unwind(signum: int, _frame) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
 
 
 def _help_hint(ctx) -> str:

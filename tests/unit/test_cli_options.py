@@ -119,6 +119,72 @@ def test_the_installed_command_keeps_help_and_exit_codes(monkeypatch, capsys) ->
         assert ("Usage: stalwart" in out + err) == (args != ["version"])
 
 
+def _raising(exc: BaseException) -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command()
+    def go() -> None:
+        raise exc
+
+    @app.command()
+    def other() -> None:  # two commands: "go" is a subcommand, as in stalwart
+        pass
+
+    return app
+
+
+@pytest.mark.parametrize(
+    "exc, code, stderr",
+    [
+        (EOFError(), 1, "Aborted!\n"),  # typer turns it into Abort
+        (KeyboardInterrupt(), 130, ""),
+        (SystemExit(143), 143, ""),  # what SIGTERM raises (_exit_on_sigterm)
+    ],
+)
+def test_what_a_command_raises_ends_it_with_its_own_code(
+    monkeypatch, capsys, exc, code, stderr
+) -> None:
+    """Every exception a command lets out passes main's handlers and ends the command
+    with its code (the handlers named a class typer 0.29 does not have, so each of
+    these ended in an AttributeError instead)."""
+    monkeypatch.setattr("stalwart.cli.main.app", _raising(exc))
+    monkeypatch.setattr("sys.argv", ["stalwart", "go"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == code
+    assert capsys.readouterr().err.strip() == stderr.strip()
+
+
+def test_sigterm_unwinds_the_command_with_143(monkeypatch) -> None:
+    import os
+    import signal
+
+    ran_finally: list[bool] = []
+    app = typer.Typer()
+
+    @app.command()
+    def go() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()  # until the handler has raised
+        finally:
+            ran_finally.append(True)
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    monkeypatch.setattr("stalwart.cli.main.app", app)
+    monkeypatch.setattr("sys.argv", ["stalwart", "go"])
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as done:
+            main()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert done.value.code == 143 and ran_finally == [True]
+
+
 @pytest.mark.parametrize(
     "args, error",
     [  # each used to end in a traceback, or to act before refusing
