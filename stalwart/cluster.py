@@ -491,6 +491,9 @@ def start(config: ClusterConfig | None = None) -> LocalCluster:
     except Exception as exc:
         cluster.stop(timeout_s=5)
         raise ClusterError(f"starting the cluster failed: {exc}") from exc
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM's unwind): nothing half-started
+        cluster.stop(timeout_s=5)
+        raise
     cluster.save()
     return cluster
 

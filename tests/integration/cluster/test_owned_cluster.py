@@ -54,3 +54,28 @@ def test_the_cluster_stops_when_its_caller_dies(tmp_path: Path, sig: signal.Sign
         for pid in [*started.get("members", []), started.get("launcher")]:
             if pid and not _dead(pid):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def test_an_interrupted_start_leaves_nothing(tmp_path: Path, monkeypatch):
+    """Ctrl-C (or SIGTERM's unwind in the CLI) while ``stalwart up`` starts the
+    services: what was started, the launcher included, is stopped, the store removed."""
+    from stalwart import cluster
+
+    launchers: list = []
+    real_start = cluster.Launcher.start
+
+    def recorded(*args, **kwargs):
+        launchers.append(real_start(*args, **kwargs))
+        return launchers[-1]
+
+    def interrupted(local, config) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cluster.Launcher, "start", recorded)
+    monkeypatch.setattr(cluster, "_start_everything", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.start(cluster.ClusterConfig(runs_root=tmp_path, launcher=True))
+    assert len(launchers) == 1
+    assert not launchers[0].alive()
+    state = json.loads(next(tmp_path.glob("*/cluster.json")).read_text())
+    assert state["stopped_at"] and not Path(state["store_url"].removeprefix("shm://")).exists()
