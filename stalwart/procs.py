@@ -393,8 +393,7 @@ class Launcher:
 
     def alive(self) -> bool:
         """Running, and the process this handle was made for (not a reused pid)."""
-        ticks = process_start_ticks(self.pid)
-        return ticks is not None and (not self.start_ticks or ticks == self.start_ticks)
+        return _running(self.pid, self.start_ticks)
 
     def fork(self, module: str, argv: list[str], log_path: Path, env: Mapping[str, str],
              cwd: str, netns: str | None = None) -> _LaunchedProcess:  # fmt: skip

@@ -1,4 +1,5 @@
-"""Small helpers shared by tests: wait for a condition instead of sleeping."""
+"""Small helpers shared by tests: wait for a condition instead of sleeping; tell
+whether a process has exited."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -56,3 +58,11 @@ async def assert_eventually_async(
         if time.monotonic() >= deadline:
             raise AssertionError(f"not true after {timeout}s: {last}") from last
         await asyncio.sleep(interval)
+
+
+def exited(pid: int) -> bool:
+    """The process has exited: gone, or a zombie its parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True

@@ -14,20 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, exited
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("ps-backup", "ps-primary", "ps-lone", "echo")  # what bench ps starts
-
-
-def _dead(pid: int) -> bool:
-    """Exited: gone, or a zombie waiting for its parent."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 def _started(tmp: Path) -> dict[str, int]:
@@ -48,13 +40,13 @@ def test_sigterm_stops_the_services_a_command_started(tmp_path: Path) -> None:
     try:
         assert_eventually(lambda: set(_started(tmp_path)) == set(SERVICES), timeout=240)
         pids = _started(tmp_path)
-        assert not any(_dead(pid) for pid in pids.values())
+        assert not any(exited(pid) for pid in pids.values())
 
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM, bench.stderr.read()
-        assert [name for name, pid in pids.items() if not _dead(pid)] == []
+        assert [name for name, pid in pids.items() if not exited(pid)] == []
     finally:
         bench.kill()
         for pid in pids.values():
-            if not _dead(pid):
+            if not exited(pid):
                 os.killpg(pid, signal.SIGKILL)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,14 @@ from stalwart.cli.main import app as stalwart
 from stalwart.cli.main import main
 from stalwart.cli.target import FROM_FLAGS, LONG_TIMEOUT_S, Target, option_groups
 from stalwart.client.coordinator import CoordinatorClient
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_kept():
+    """main() sets a SIGTERM handler; the test process keeps its own."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
 
 
 @dataclass(frozen=True)
@@ -156,9 +166,6 @@ def test_what_a_command_raises_ends_it_with_its_own_code(
 
 
 def test_sigterm_unwinds_the_command_with_143(monkeypatch) -> None:
-    import os
-    import signal
-
     ran_finally: list[bool] = []
     app = typer.Typer()
 
@@ -176,12 +183,8 @@ def test_sigterm_unwinds_the_command_with_143(monkeypatch) -> None:
 
     monkeypatch.setattr("stalwart.cli.main.app", app)
     monkeypatch.setattr("sys.argv", ["stalwart", "go"])
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as done:
-            main()
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    with pytest.raises(SystemExit) as done:
+        main()
     assert done.value.code == 143 and ran_finally == [True]
 
 

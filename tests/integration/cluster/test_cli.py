@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, exited
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -122,8 +122,7 @@ def test_up_submit_status_down_then_refused(tmp_path: Path):
     )
     assert "nothing was running" in stalwart("down", *target).stdout
     pids = [m["pid"] for m in state["members"]]
-    assert not [p for p in pids if Path(f"/proc/{p}").exists()
-                and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3]]  # fmt: skip
+    assert [p for p in pids if not exited(p)] == []
 
     stopped = stalwart("status", *target)
     assert stopped.returncode == EXIT_UNREACHABLE
@@ -150,14 +149,6 @@ def _ppid(pid: int) -> int:
 def _gone(pid: int) -> bool:
     """Exited and reaped (a zombie would mean nobody waits for it)."""
     return not Path(f"/proc/{pid}").exists()
-
-
-def _dead(pid: int) -> bool:
-    """Exited: gone, or a zombie waiting for its parent."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 def _holding(address: str) -> list[int]:
@@ -225,6 +216,6 @@ def test_up_forks_from_its_launcher_and_down_leaves_nothing(tmp_path: Path):
     assert json.loads((run_dir / "cluster.json").read_text())["stopped_at"]
     # Whoever reaps them now (the launcher went last, its parent `up` long ago) may
     # leave a zombie for a moment: exited is what counts.
-    assert_eventually(lambda: not [p for p in _holding(launcher["address"]) if not _dead(p)],
+    assert_eventually(lambda: not [p for p in _holding(launcher["address"]) if not exited(p)],
                       timeout=10)  # fmt: skip
-    assert all(_dead(p) for p in [launcher["pid"], *members.values()])
+    assert all(exited(p) for p in [launcher["pid"], *members.values()])

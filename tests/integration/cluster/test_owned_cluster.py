@@ -14,19 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, exited
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _dead(pid: int) -> bool:
-    """Exited: gone, or a zombie waiting for its parent."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
@@ -42,17 +34,17 @@ def test_the_cluster_stops_when_its_caller_dies(tmp_path: Path, sig: signal.Sign
         started = json.loads(line)
         processes = [*started["members"], started["launcher"]]
         assert len(started["members"]) == 3  # coordinator, primary, trainer
-        assert not any(_dead(pid) for pid in processes)
+        assert not any(exited(pid) for pid in processes)
         assert Path(started["store"]).is_dir()
 
         owner.send_signal(sig)
         assert owner.wait(timeout=30) == -sig
-        assert_eventually(lambda: all(_dead(pid) for pid in processes), timeout=60)
+        assert_eventually(lambda: all(exited(pid) for pid in processes), timeout=60)
         assert not Path(started["store"]).exists()
     finally:
         owner.kill()
         for pid in [*started.get("members", []), started.get("launcher")]:
-            if pid and not _dead(pid):
+            if pid and not exited(pid):
                 os.killpg(pid, signal.SIGKILL)
 
 
