@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -433,6 +433,19 @@ class Launcher:
         if "error" in answer:
             raise LauncherError(f"launcher pid {self.pid}: {answer['error']}")
         return answer
+
+
+@contextlib.contextmanager
+def owned_launcher(run_dir: Path, timeout: float = 90.0) -> Iterator[Launcher]:
+    """A launcher owned by this process, for a command that starts services of its own
+    with ``start_service(..., launcher=...)`` (``bench ps``, ``bench exchange``): they
+    stop once this process has exited, even by kill -9, where the command's ``finally``
+    never runs. On leaving, the launcher is stopped; the caller stops its services."""
+    launcher = Launcher.start(run_dir, timeout=timeout, owner=os.getpid())
+    try:
+        yield launcher
+    finally:
+        launcher.stop()
 
 
 class _LaunchedProcess:

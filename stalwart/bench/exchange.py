@@ -35,23 +35,27 @@ from stalwart import gradients
 from stalwart.api import common
 from stalwart.bench.ps import make_model
 from stalwart.client import ParamServerClient, ShardGroupClient
-from stalwart.procs import start_service
+from stalwart.procs import Launcher, ServiceProcess, owned_launcher, start_service
 
 GOAL = 1.5
 SLOTS = 3
 
 
-def _start_groups(count: int, run_dir: Path) -> tuple[list, list[list[str]]]:
-    procs, groups = [], []
+def _start_groups(count: int, run_dir: Path, launcher: Launcher,
+                  procs: list[ServiceProcess]) -> list[list[str]]:  # fmt: skip
+    """Start ``count`` groups (primary + backup) and return their addresses; each process
+    goes into ``procs`` as soon as it serves, for the caller to stop."""
+    groups = []
     for g in range(count):
-        backup = start_service("services.paramserver", ["--role", "backup"], run_dir, f"ps-{g}b")
+        backup = start_service("services.paramserver", ["--role", "backup"], run_dir,
+                               f"ps-{g}b", launcher=launcher)  # fmt: skip
         procs.append(backup)
         primary = start_service("services.paramserver",
                                 ["--role", "primary", "--backups", backup.address],
-                                run_dir, f"ps-{g}a")  # fmt: skip
+                                run_dir, f"ps-{g}a", launcher=launcher)  # fmt: skip
         procs.append(primary)
         groups.append([primary.address, backup.address])
-    return procs, groups
+    return groups
 
 
 def _client(groups: list[list[str]]) -> ParamServerClient:
@@ -82,12 +86,14 @@ async def _steps(groups: list[list[str]], model, repeats: int, wire: int) -> lis
 def _through_stalwart(
     shard_groups: int, model, repeats: int, run_dir: Path, wire: int
 ) -> list[float]:
-    procs, groups = _start_groups(shard_groups, run_dir)
-    try:
-        return asyncio.run(_steps(groups, model, repeats, wire))
-    finally:
-        for p in procs:
-            p.terminate()
+    procs: list[ServiceProcess] = []
+    with owned_launcher(run_dir) as launcher:  # its services stop even if this is killed
+        try:
+            groups = _start_groups(shard_groups, run_dir, launcher, procs)
+            return asyncio.run(_steps(groups, model, repeats, wire))
+        finally:
+            for p in procs:
+                p.terminate()
 
 
 def _allreduce(mib: int, repeats: int, run_dir: Path) -> list[float]:

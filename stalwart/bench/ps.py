@@ -26,7 +26,7 @@ from stalwart import codec
 from stalwart.api import common
 from stalwart.bench import echo
 from stalwart.client import ParamServerClient, ShardGroupClient
-from stalwart.procs import start_service
+from stalwart.procs import owned_launcher, start_service
 
 MIB = 1024 * 1024
 
@@ -105,23 +105,25 @@ async def run(model_mib: int = 64, repeats: int = 5, run_dir: Path | None = None
     nbytes = sum(t.numel() * t.element_size() for t in model.values())
     ps = "services.paramserver"
     procs = []
-    try:
-        backup = start_service(ps, ["--role", "backup"], run_dir, "ps-backup")
-        procs.append(backup)
-        primary = start_service(
-            ps, ["--role", "primary", "--backups", backup.address], run_dir, "ps-primary"
-        )
-        procs.append(primary)
-        lone = start_service(ps, ["--role", "primary"], run_dir, "ps-lone")
-        procs.append(lone)
-        bare = start_service("stalwart.bench.echo", [], run_dir, "echo")
-        procs.append(bare)
-        raw_up, raw_down = await _raw_grpc(bare.address, nbytes, chunk, repeats)
-        push, pull = await _through_ps([primary.address, backup.address], model, repeats)
-        lone_push, _ = await _through_ps([lone.address], model, repeats)
-    finally:
-        for p in procs:
-            p.terminate()
+    with owned_launcher(run_dir) as launcher:  # its services stop even if this is killed
+        try:
+            backup = start_service(ps, ["--role", "backup"], run_dir, "ps-backup",
+                                   launcher=launcher)  # fmt: skip
+            procs.append(backup)
+            primary = start_service(ps, ["--role", "primary", "--backups", backup.address],
+                                    run_dir, "ps-primary", launcher=launcher)  # fmt: skip
+            procs.append(primary)
+            lone = start_service(ps, ["--role", "primary"], run_dir, "ps-lone",
+                                 launcher=launcher)  # fmt: skip
+            procs.append(lone)
+            bare = start_service("stalwart.bench.echo", [], run_dir, "echo", launcher=launcher)
+            procs.append(bare)
+            raw_up, raw_down = await _raw_grpc(bare.address, nbytes, chunk, repeats)
+            push, pull = await _through_ps([primary.address, backup.address], model, repeats)
+            lone_push, _ = await _through_ps([lone.address], model, repeats)
+        finally:
+            for p in procs:
+                p.terminate()
     mb = nbytes / 1e6
     return {
         "model_bytes": nbytes,
