@@ -21,11 +21,16 @@ validate = validate_optimizer
 
 
 def build(spec: common.OptimizerSpec, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """A torch optimizer over ``params`` (validated spec; wire zeros mean defaults)."""
+    """A torch optimizer over ``params`` (validated spec; wire zeros mean defaults).
+
+    ``params`` may be empty: a shard group can hold none of a small model's stepped
+    tensors (or only buffers). torch refuses an empty list but not one empty group,
+    and one group is what it makes of a list anyway, so the numerics are the same."""
     validate(spec)
+    groups = [{"params": list(params)}]
     if spec.kind == common.OPTIMIZER_KIND_SGD:
         return torch.optim.SGD(
-            params,
+            groups,
             lr=spec.lr,
             momentum=spec.momentum,
             dampening=spec.dampening,
@@ -35,7 +40,7 @@ def build(spec: common.OptimizerSpec, params: list[torch.Tensor]) -> torch.optim
         )
     cls = torch.optim.Adam if spec.kind == common.OPTIMIZER_KIND_ADAM else torch.optim.AdamW
     return cls(
-        params,
+        groups,
         lr=spec.lr,
         betas=(spec.beta1 or 0.9, spec.beta2 or 0.999),
         eps=spec.eps or 1e-8,

@@ -114,3 +114,60 @@ async def test_sync_steps_match_torch_bitwise(shared_groups, case: str) -> None:
                              else {"param", "step", "exp_avg", "exp_avg_sq"})  # fmt: skip
         finally:
             await client.close()
+
+
+# --- a model smaller than its shard groups --------------------------------------------
+
+# One weight, and a buffer that goes to the other group on its own (the shard map puts
+# whole small tensors on the least-loaded group): that group holds nothing the
+# optimizer steps, and with no buffer, nothing at all. Such a group used to refuse the
+# model with INTERNAL (torch.optim refuses an empty parameter list).
+SMALL_CASES = {"group-with-nothing": False, "group-with-only-a-buffer": True}
+
+
+def _linear_grad(weight: torch.Tensor, step: int, slot: int) -> torch.Tensor:
+    rows = torch.randperm(len(INPUTS), generator=torch.Generator().manual_seed(100 * step + slot))
+    x, y = INPUTS[rows[:BATCH]], TARGETS[rows[:BATCH]]
+    leaf = weight.detach().clone().requires_grad_(True)
+    loss = nn.functional.mse_loss(x @ leaf, y)
+    (grad,) = torch.autograd.grad(loss, [leaf])
+    return grad
+
+
+@pytest.mark.parametrize("case", list(SMALL_CASES))
+async def test_a_model_with_fewer_tensors_than_shard_groups(shared_groups, case: str) -> None:
+    with_buffer = SMALL_CASES[case]
+    initial = {"weight": torch.randn(4, 2, generator=torch.Generator().manual_seed(3))}
+    if with_buffer:
+        initial["seen"] = torch.zeros(1)
+    want = initial["weight"].clone()
+    optimizer = torch.optim.SGD([want], lr=0.05, momentum=0.9, foreach=False)
+    client = ParamServerClient([group_client(g.addresses) for g in shared_groups])
+    job = f"small-{case}"
+    try:
+        await client.register_model(job, initial, sgd(0.05, momentum=0.9), consistency("sync"),
+                                    num_slots=SLOTS, buffers=("seen",) if with_buffer else ())  # fmt: skip
+        owners = {p.tensor_name for p in client.pieces if p.shard == 1}
+        assert owners == ({"seen"} if with_buffer else set())  # the case this test is about
+        for step in range(STEPS):
+            versions, params = await client.pull(job)
+            assert versions == [step, step]
+            pushes = []
+            for slot in range(SLOTS):
+                grads = {"weight": _linear_grad(params["weight"], step, slot)}
+                if with_buffer:
+                    grads["seen"] = torch.full((1,), float(step + 1))
+                pushes.append(grads)
+            await asyncio.gather(*(client.push(job, step, slot, step, pushes[slot])
+                                   for slot in range(SLOTS)))  # fmt: skip
+            want.grad = pushes[0]["weight"].clone()
+            for grads in pushes[1:]:
+                want.grad += grads["weight"]
+            optimizer.step()
+            versions, params = await client.pull(job, min_version=step + 1)
+            assert versions == [step + 1, step + 1]
+            assert torch.equal(params["weight"], want), f"weight differs after step {step}"
+            if with_buffer:
+                assert params["seen"].tolist() == [float(step + 1)]
+    finally:
+        await client.close()
