@@ -100,8 +100,8 @@ def main() -> None:
 def _exit_on_sigterm() -> None:
     """SIGTERM (``timeout``, a supervisor, ``kill``) ends a command through its
     ``finally`` blocks, as Ctrl-C does, not on the spot: a benchmark then stops the
-    services it started (``bench ps`` and ``exchange`` start theirs without a launcher
-    that would). Exit status 143, the signal's own; a second SIGTERM ends it at once."""
+    services it started at once, rather than when its launcher sees it gone. Exit
+    status 143, the signal's own; a second SIGTERM ends it at once."""
 
     def unwind(signum: int, _frame) -> None:
         signal.signal(signum, signal.SIG_DFL)
