@@ -148,8 +148,10 @@ async def save(host: JobHost, request: paramserver.SaveCheckpointRequest, contex
     reach = _reach_timeout(request.reach_timeout_seconds)
     job = host.job(request.job_id)
     loop = asyncio.get_running_loop()
-    # open (connect) before taking the lock: an unreachable store fails fast
-    await loop.run_in_executor(_UPLOADS, STORES.get, request.store_url)
+    # open (connect) before taking the lock: an unreachable store fails fast. Not on
+    # _UPLOADS: behind the last save's upload, this save would reach the lock late
+    # and find the job past the version it was aimed at.
+    await loop.run_in_executor(None, STORES.get, request.store_url)
     timeout = context.time_remaining() or host.sync_wait_s
     bounded = 0 < reach < timeout  # the caller asked to hear back before its deadline
     async with job.lock:

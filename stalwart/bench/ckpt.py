@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import grpc
 import torch
 
 from stalwart import checkpoint as ckpt
@@ -139,7 +140,15 @@ def torch_baseline(model_mib: int) -> dict:
 async def stall(
     addresses: Sequence[str], store: Store, model_mib: int, steps: int, chunk_bytes: int
 ) -> dict:
-    """Sync steps with and without a checkpoint after every step."""
+    """Sync steps without checkpoints, then with one at every version.
+
+    Each save is aimed two versions ahead, as the leader aims its checkpoints at a
+    version the job has not reached: the paramserver snapshots at that commit (the
+    stall, inside the step) and uploads while the next step runs; the trainer waits
+    for the last upload before the one after it (one upload at a time). A save asked
+    for the version the job holds raced the next step's commit and lost it with a
+    small model. A save that still finds the job past its version is counted missed.
+    """
     job = f"stall-{os.urandom(4).hex()}"
     model = _model(model_mib)
     group = ShardGroupClient(list(addresses), call_timeout_s=120)
@@ -150,15 +159,6 @@ async def stall(
     grads = {n: torch.full_like(t, 1e-3) for n, t in model.items()}
     stub = paramserver_grpc.ParamServerServiceStub(open_channel(addresses[0]))
     version = 0
-    url = store.url
-
-    async def finished(call) -> paramserver.SaveCheckpointResponse:
-        # nothing publishes these: drop their chunks so the store does not fill up
-        part = await call
-        await asyncio.to_thread(
-            lambda: [store.delete_chunk(h) for h in ckpt.chunk_hashes(part.tensors)]
-        )
-        return part
 
     async def step() -> float:
         nonlocal version
@@ -168,45 +168,65 @@ async def stall(
         version += 1
         return time.perf_counter() - started
 
-    def save(at: int):
+    async def saved(at: int) -> paramserver.SaveCheckpointResponse | None:
         request = paramserver.SaveCheckpointRequest(
-            job_id=job,
-            checkpoint_id=ckpt.checkpoint_id_for(at),
-            store_url=url,
-            at_version=at,
-            epoch=group.epoch,
-            chunk_size=chunk_bytes,
+            job_id=job, checkpoint_id=ckpt.checkpoint_id_for(at), store_url=store.url,
+            at_version=at, epoch=group.epoch, chunk_size=chunk_bytes,
+        )  # fmt: skip
+        try:
+            part = await stub.SaveCheckpoint(request, timeout=300)
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION:  # past `at`: missed
+                raise
+            return None
+        # nothing publishes these: drop their chunks so the store does not fill up
+        await asyncio.to_thread(
+            lambda: [store.delete_chunk(h) for h in ckpt.chunk_hashes(part.tensors)]
         )
-        return stub.SaveCheckpoint(request, timeout=300)
+        return part
 
+    saves: dict[int, asyncio.Future] = {}
     try:
         await step()  # warm-up
         plain = [await step() for _ in range(steps)]
-        with_ckpt, parts, pending = [], [], None
+        warm = asyncio.ensure_future(saved(version + 1))  # the paramserver opens the store
+        await step()
+        await warm
+        with_ckpt, parts = [], []
+        for ahead in (1, 2):
+            saves[version + ahead] = asyncio.ensure_future(saved(version + ahead))
         for _ in range(steps):
-            seconds = await step()
-            if pending is not None:
-                # one upload in flight at most: if the last one is not done, the
-                # trainer waits for it, and that wait counts in its step time
+            seconds = await step()  # its commit is the version a save waits for
+            uploading = saves.pop(version - 1, None)  # uploaded while this step ran
+            if uploading is not None:
                 waited = time.perf_counter()
-                parts.append(await pending)
+                parts.append(await uploading)
                 seconds += time.perf_counter() - waited
             with_ckpt.append(seconds)
-            pending = asyncio.ensure_future(finished(save(version)))
-        parts.append(await pending)
+            saves[version + 2] = asyncio.ensure_future(saved(version + 2))
+        parts.append(await saves.pop(version))
     finally:
+        for waiting in saves.values():  # aimed at versions no step will make
+            waiting.cancel()
+        await asyncio.gather(*saves.values(), return_exceptions=True)
         await client.close()
-    snapshot = [p.snapshot_seconds for p in parts]
-    upload = [p.upload_seconds for p in parts]
+    return _stall_figures(model, steps, plain, with_ckpt, [p for p in parts if p is not None])
+
+
+def _stall_figures(model, steps: int, plain: list[float], with_ckpt: list[float],
+                   parts: list[paramserver.SaveCheckpointResponse]) -> dict:  # fmt: skip
     step_s = statistics.mean(with_ckpt)
+    snapshot = statistics.mean(p.snapshot_seconds for p in parts) if parts else None
+    upload = statistics.mean(p.upload_seconds for p in parts) if parts else None
     return {
         "model_bytes": sum(t.numel() * t.element_size() for t in model.values()),
         "steps": steps,
+        "checkpoints_missed": steps - len(parts),
         "step_seconds_without_checkpoints": round(statistics.mean(plain), 4),
         "step_seconds_with_checkpoints": round(step_s, 4),
-        "snapshot_seconds": round(statistics.mean(snapshot), 4),
-        "upload_seconds": round(statistics.mean(upload), 4),
-        "stall_fraction": round(statistics.mean(snapshot) / step_s, 4),
+        "snapshot_seconds": None if snapshot is None else round(snapshot, 4),
+        "upload_seconds": None if upload is None else round(upload, 4),
+        "stall_fraction": None if snapshot is None else round(snapshot / step_s, 4),
         "step_slowdown": round(step_s / statistics.mean(plain) - 1, 4),
     }
 
