@@ -41,7 +41,7 @@ import torch
 
 from stalwart import cluster, training
 from stalwart.api import common, coordinator
-from stalwart.bench import ddp_baseline, steptimeline
+from stalwart.bench import ddp_baseline, steptimeline, window
 from stalwart.bench.recovery import _recovered
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo import report
@@ -91,12 +91,6 @@ class LocalSgd:
         return f"local SGD: {self.steps} inner SGD steps at lr {self.inner_lr} per push; {outer}"
 
 
-def _steady(recorder: EventRecorder, job_id: str, warmup: int, last: int) -> float:
-    times = {e.step: e.time for e in recorder.events
-             if e.kind == "STEP_COMMITTED" and e.job_id == job_id}  # fmt: skip
-    return (last - warmup) / (times[last] - times[warmup])
-
-
 async def _job(local, client, spec, warmup: int, kill_at: int | None, timeout_s: float) -> dict:
     job = await client.create_job(spec)
     recorder = EventRecorder(client, job.job_id)
@@ -118,7 +112,7 @@ async def _job(local, client, spec, warmup: int, kill_at: int | None, timeout_s:
             out["phases_ms"] = steptimeline.per_step_ms(
                 before, await steptimeline.scrape(local, spec)
             )
-            out["steps_per_s"] = _steady(recorder, job.job_id, warmup, spec.steps)
+            out["steps_per_s"] = window.steps_per_s(recorder.events, job.job_id, warmup, spec.steps)
         ps = await param_client(client, job.job_id, spec)
         try:
             out["version"], out["weights"] = await pull_weights(ps, job.job_id, spec.steps)

@@ -12,7 +12,8 @@ intra-op thread, as every Stalwart process uses) in the same run:
 
 Throughput is steady-state samples/s: the first ``warmup`` steps are not timed.
 On the cluster the clock is the coordinator's STEP_COMMITTED events, stamped when
-the leader's 100 ms poll sees the version move (so the window is long).
+the leader's 100 ms poll sees the version move (so the window must be long:
+:mod:`stalwart.bench.window` refuses one under 2 s).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from stalwart import cluster, optim, training
 from stalwart.api import coordinator
+from stalwart.bench import window
 from stalwart.client.coordinator import CoordinatorClient
 from stalwart.demo.watch import EventRecorder
 from stalwart.models import default_spec, resolve
@@ -68,10 +70,8 @@ async def through_stalwart(
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
-    times = {e.step: e.time for e in recorder.events
-             if e.kind == "STEP_COMMITTED" and e.job_id == job.job_id}  # fmt: skip
     # version `warmup` committed = `warmup` steps done; the window holds the rest
-    return (spec.steps - warmup) * spec.batch_size / (times[spec.steps] - times[warmup])
+    return window.steps_per_s(recorder.events, job.job_id, warmup, spec.steps) * spec.batch_size
 
 
 def run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
@@ -78,7 +79,7 @@ def bench_overhead(
 
     if warmup >= steps:
         fail("--warmup must be below --steps", ExitCode.INVALID_INPUT)
-    with _status("plain loop, then a local cluster…", output):
+    with _status("plain loop, then a local cluster…", output), _timed_window():
         result = overhead.run(steps, warmup, batch_size, hidden)
     emit_record(output, "training throughput: Stalwart vs plain torch (same run)", result)
 
@@ -155,9 +156,20 @@ def bench_ddp(
     if local_steps > 1:
         local = ddp.LocalSgd(local_steps, local_lr, outer_lr, outer_momentum)
         _check_local(local, steps, warmup, kill_at)
-    with _status("Stalwart cluster, then torchrun + DDP (minutes)…", output):
+    with _status("Stalwart cluster, then torchrun + DDP (minutes)…", output), _timed_window():
         result = ddp.run(trials, steps, warmup, kill_at, local=local, bf16_gradients=bf16_gradients)
     emit_record(output, "Stalwart vs torchrun + DDP (same run)", result, _ddp_fields)
+
+
+@contextlib.contextmanager
+def _timed_window() -> Iterator[None]:
+    """A steady-state window too short to time is bad input: one line, exit 2."""
+    from stalwart.bench.window import WindowTooShort
+
+    try:
+        yield
+    except WindowTooShort as exc:
+        fail(str(exc), ExitCode.INVALID_INPUT)
 
 
 def _check_local(local, steps: int, warmup: int, kill_at: int) -> None:
