@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from stalwart import cluster
-from stalwart.api import coordinator
+from stalwart import cluster, models
+from stalwart.api import common, coordinator
 from stalwart.client.coordinator import CoordinatorClient
 from tests.integration.cluster.support import (
     JOB_TIMEOUT_S,
@@ -55,6 +55,20 @@ def test_primaries_killed_in_each_group_mid_job_keep_it_bitwise_equal(sharded):
     assert out.job.reason == "reached step 60", out.job.reason
     assert out.version == 60
     assert [name[:4] for name, _ in out.kills] == ["ps-1", "ps-0", "trai"], out.kills
+    assert_bitwise_equal(out.weights, want)
+
+
+def test_a_model_of_one_tensor_over_two_groups_trains_bitwise_equal(sharded):
+    # group 1 holds nothing: it used to refuse the model (INTERNAL) and the job stood
+    sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.05, momentum=0.9)
+    spec = models.default_spec("tests.integration.cluster.one_tensor_task:make", optimizer=sgd,
+                               num_slots=2, steps=20, batch_size=16, seed=5)  # fmt: skip
+    spec.num_shards = 2
+    want = reference(spec)
+    assert list(want) == ["weight"]
+    out = asyncio.run(run_job(sharded, spec))
+    assert out.job.reason == "reached step 20", out.job.reason
+    assert out.version == 20
     assert_bitwise_equal(out.weights, want)
 
 
