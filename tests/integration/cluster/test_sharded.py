@@ -59,16 +59,19 @@ def test_primaries_killed_in_each_group_mid_job_keep_it_bitwise_equal(sharded):
 
 
 def test_a_model_of_one_tensor_over_two_groups_trains_bitwise_equal(sharded):
-    # group 1 holds nothing: it used to refuse the model (INTERNAL) and the job stood
+    # Group 1 holds nothing: it used to refuse the model (INTERNAL) and the job stood at
+    # step 0. It loses every replica at step 25 and is restored from the checkpoint of
+    # step 20, which holds its counters and no tensor (the restore used to refuse that).
     sgd = common.OptimizerSpec(kind=common.OPTIMIZER_KIND_SGD, lr=0.05, momentum=0.9)
     spec = models.default_spec("tests.integration.cluster.one_tensor_task:make", optimizer=sgd,
-                               num_slots=2, steps=20, batch_size=16, seed=5)  # fmt: skip
-    spec.num_shards = 2
+                               num_slots=2, steps=40, batch_size=16, seed=5)  # fmt: skip
+    spec.num_shards, spec.checkpoint_interval = 2, 10
     want = reference(spec)
     assert list(want) == ["weight"]
-    out = asyncio.run(run_job(sharded, spec))
-    assert out.job.reason == "reached step 20", out.job.reason
-    assert out.version == 20
+    out = asyncio.run(run_job(sharded, spec, schedule=[("group:1", 25)]))
+    assert out.job.reason == "reached step 40", out.job.reason
+    assert out.version == 40
+    assert any(e.kind == "CHECKPOINT_RESTORED" for e in out.events), out.events[-5:]
     assert_bitwise_equal(out.weights, want)
 
 
