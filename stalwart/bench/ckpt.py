@@ -142,12 +142,13 @@ async def stall(
 ) -> dict:
     """Sync steps without checkpoints, then with one at every version.
 
-    Each save is aimed two versions ahead, as the leader aims its checkpoints at a
-    version the job has not reached: the paramserver snapshots at that commit (the
-    stall, inside the step) and uploads while the next step runs; the trainer waits
-    for the last upload before the one after it (one upload at a time). A save asked
-    for the version the job holds raced the next step's commit and lost it with a
-    small model. A save that still finds the job past its version is counted missed.
+    Each save is sent two steps before the commit it is aimed at, as the leader aims
+    its checkpoints at a version the job has not reached: the paramserver snapshots at
+    that commit (the stall, inside the step) and uploads while the next step runs; the
+    trainer waits for that upload before the step after it (one upload at a time). A
+    save asked for the version the job held raced the next step's commit, and with a
+    small model lost it. A save that still finds the job past its version is counted
+    missed. One untimed save first: the paramserver opens the store on the first.
     """
     job = f"stall-{os.urandom(4).hex()}"
     model = _model(model_mib)
@@ -189,7 +190,7 @@ async def stall(
     try:
         await step()  # warm-up
         plain = [await step() for _ in range(steps)]
-        warm = asyncio.ensure_future(saved(version + 1))  # the paramserver opens the store
+        warm = asyncio.ensure_future(saved(version + 1))
         await step()
         await warm
         with_ckpt, parts = [], []
