@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from stalwart import limits, schedule
+from stalwart import limits, modelargs, schedule
 from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -150,6 +150,8 @@ def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int)
     user_model = ":" in spec.model
     if not user_model and spec.dataset not in BUILTIN_DATASETS:
         raise _bad(f"unknown dataset {spec.dataset[:100]!r} for built-in model {spec.model!r}")
+    if not user_model:
+        modelargs.parse(spec.model, spec.model_args)  # a user task reads its own on trainers
     _check_counts(spec, max_slots, max_steps)
     validate_optimizer(spec.optimizer)
     if spec.optimizer.clip_grad_norm and spec.num_shards > 1:

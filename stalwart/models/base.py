@@ -14,7 +14,7 @@ import hashlib
 import os
 import struct
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -115,33 +115,6 @@ def _cuda_impossible() -> bool:
     if torch.cuda.is_initialized():
         return False
     return not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version"))
-
-
-class ModelArgs:
-    """Typed reads of ``JobSpec.model_args`` (strings on the wire) with clear errors."""
-
-    def __init__(self, model: str, args: Mapping[str, str], known: set[str]):
-        unknown = set(args) - known
-        if unknown:
-            raise invalid(f"{model}: unknown model_args {sorted(unknown)}; known: {sorted(known)}")
-        self.model = model
-        self.args = dict(args)
-
-    def int(self, name: str, default: int, low: int = 1, high: int = 1 << 31) -> int:
-        raw = self.args.get(name)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise invalid(
-                f"{self.model}: model_args[{name!r}] must be an integer, got {raw!r}"
-            ) from None
-        if not low <= value <= high:
-            raise invalid(
-                f"{self.model}: model_args[{name!r}] must be in [{low}, {high}], got {value}"
-            )
-        return value
 
 
 def invalid(message: str) -> StalwartError:

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stalwart.models.base import ModelArgs, generator, invalid, seeded_module
+from stalwart import modelargs
+from stalwart.models.base import generator, invalid, seeded_module
 
 NAME = "char-lm"
 MODULES = (
@@ -92,14 +93,10 @@ class CharLmTask:
     """model_args: ``context`` (64), ``dim`` (64), ``layers`` (2), ``heads`` (4), ``dropout_pct`` (10)."""
 
     def __init__(self, seed: int, model_args: Mapping[str, str]):
-        args = ModelArgs(NAME, model_args, {"context", "dim", "layers", "heads", "dropout_pct"})
-        self.context = args.int("context", 64, low=2, high=4096)
-        self.dim = args.int("dim", 64, low=4, high=4096)
-        self.layers = args.int("layers", 2, high=64)
-        self.heads = args.int("heads", 4, high=64)
-        self.dropout = args.int("dropout_pct", 10, low=0, high=90) / 100
-        if self.dim % self.heads:
-            raise invalid(f"{NAME}: dim {self.dim} must be a multiple of heads {self.heads}")
+        args = modelargs.parse(NAME, model_args)
+        self.context, self.dim = args["context"], args["dim"]
+        self.layers, self.heads = args["layers"], args["heads"]
+        self.dropout = args["dropout_pct"] / 100
         self.seed = seed
 
     def build_model(self, seed: int) -> nn.Module:

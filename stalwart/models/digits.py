@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from stalwart.models.base import ModelArgs, accuracy_and_loss, generator, seeded_module
+from stalwart import modelargs
+from stalwart.models.base import accuracy_and_loss, generator, seeded_module
 
 NAME = "digits-cnn"
 TEST_FRACTION = 0.2
@@ -104,8 +105,7 @@ class DigitsTask:
     """model_args: ``width`` (channels of the first convolution, default 32)."""
 
     def __init__(self, seed: int, model_args: Mapping[str, str]):
-        args = ModelArgs(NAME, model_args, {"width"})
-        self.width = args.int("width", 32, high=512)
+        self.width = modelargs.parse(NAME, model_args)["width"]
         self.seed = seed
 
     def build_model(self, seed: int) -> nn.Module:

@@ -18,13 +18,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from stalwart.models.base import (
-    ModelArgs,
-    accuracy_and_loss,
-    generator,
-    invalid,
-    seeded_module,
-)
+from stalwart import modelargs
+from stalwart.models.base import accuracy_and_loss, generator, seeded_module
 
 NAME = "embedding"
 EVAL_EXAMPLES = 4096
@@ -51,14 +46,9 @@ class EmbeddingTask:
     ``hidden`` (64), ``classes`` (8)."""
 
     def __init__(self, seed: int, model_args: Mapping[str, str]):
-        args = ModelArgs(NAME, model_args, {"rows", "dim", "touched", "hidden", "classes"})
-        self.rows = args.int("rows", 100_000, high=1 << 28)
-        self.dim = args.int("dim", 16, high=1 << 14)
-        self.touched = args.int("touched", 64)
-        self.hidden = args.int("hidden", 64, high=1 << 14)
-        self.classes = args.int("classes", 8, low=2, high=1 << 14)
-        if self.touched > self.rows:
-            raise invalid(f"{NAME}: touched ({self.touched}) must not exceed rows ({self.rows})")
+        args = modelargs.parse(NAME, model_args)
+        self.rows, self.dim, self.touched = args["rows"], args["dim"], args["touched"]
+        self.hidden, self.classes = args["hidden"], args["classes"]
         self.seed = seed
 
     def build_model(self, seed: int) -> nn.Module:

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from stalwart.models.base import ModelArgs, accuracy_and_loss, generator, seeded_module
+from stalwart import modelargs
+from stalwart.models.base import accuracy_and_loss, generator, seeded_module
 
 NAME = "mlp"
 EVAL_EXAMPLES = 2048
@@ -29,11 +30,9 @@ class MlpTask:
     """model_args: ``inputs`` (256), ``hidden`` (1024), ``layers`` (4 hidden layers), ``classes`` (10)."""
 
     def __init__(self, seed: int, model_args: Mapping[str, str]):
-        args = ModelArgs(NAME, model_args, {"inputs", "hidden", "layers", "classes"})
-        self.inputs = args.int("inputs", 256, high=1 << 20)
-        self.hidden = args.int("hidden", 1024, high=1 << 16)
-        self.layers = args.int("layers", 4, high=64)
-        self.classes = args.int("classes", 10, low=2, high=1 << 16)
+        args = modelargs.parse(NAME, model_args)
+        self.inputs, self.hidden = args["inputs"], args["hidden"]
+        self.layers, self.classes = args["layers"], args["classes"]
         self.seed = seed
 
     def _network(self) -> nn.Module:

@@ -53,6 +53,30 @@ def test_bad_specs(changes, kind, words):
     assert info.value.kind is kind and words in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("model", "args", "words"),
+    [  # refused at admission: every trainer would fail to build the model
+        ("mlp", {"layers": "0"}, "model_args['layers'] must be in [1, 64], got 0"),
+        ("digits-cnn", {"width": "wide"}, "model_args['width'] must be an integer, got 'wide'"),
+        ("digits-cnn", {"depth": "3"}, "unknown model_args ['depth']; known: ['width']"),
+        ("char-lm", {"dim": "10", "heads": "4"}, "dim 10 must be a multiple of heads 4"),
+        ("embedding", {"rows": "8", "touched": "9"}, "touched (9) must not exceed rows (8)"),
+    ],
+)
+def test_bad_model_args_of_a_built_in_are_refused(model, args, words):
+    s = spec(model=model)
+    s.model_args.update(args)
+    with pytest.raises(StalwartError) as info:
+        jobspec.validate_job_spec(s, 1024, 10**9)
+    assert info.value.kind is ErrorKind.INVALID_ARGUMENT and words in info.value.message
+
+
+def test_model_args_of_a_user_task_are_left_to_it():
+    s = spec(model="mypkg.models:build")
+    s.model_args.update({"anything": "goes"})
+    jobspec.validate_job_spec(s, 1024, 10**9)
+
+
 @pytest.mark.parametrize("model", ["digits-cnn", "mlp", "embedding", "mypkg.models:build", "m:f"])
 def test_good_specs(model):
     s = spec(model=model)
