@@ -18,6 +18,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from stalwart import codec, shardmap
 from stalwart.api import common, coordinator, paramserver, paramserver_grpc
 from stalwart.channel import ChannelConfig, cancelled_by_caller, open_channel
+from stalwart.checkpoint import check_chunk_bytes
 from stalwart.errors import ErrorKind, RpcError
 from stalwart.offload import tensor_bytes
 
@@ -238,7 +239,7 @@ class ShardGroupClient:
         self._stubs: dict[str, ParamServerStub] = {}
         self.call_timeout_s = call_timeout_s
         self.retry_for_s = retry_for_s
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = check_chunk_bytes(chunk_bytes)  # INVALID_ARGUMENT out of range
         self.primary: str | None = None
         self.epoch = 0
         self.push_streams = _PushStreams()
