@@ -15,7 +15,7 @@ from stalwart import limits, modelargs, schedule
 from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
 
-BUILTIN_MODELS = frozenset({"digits-cnn", "mlp", "embedding", "char-lm"})
+BUILTIN_MODELS = frozenset(modelargs.SCHEMAS)  # each built-in declares its model_args there
 BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
 MAX_MICRO_BATCHES = 64
 MAX_LOCAL_STEPS = 1024

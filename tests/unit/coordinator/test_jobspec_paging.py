@@ -71,6 +71,12 @@ def test_bad_model_args_of_a_built_in_are_refused(model, args, words):
     assert info.value.kind is ErrorKind.INVALID_ARGUMENT and words in info.value.message
 
 
+def test_every_built_in_task_has_its_model_args_declared():
+    from stalwart.models.registry import BUILTINS  # imports torch: the coordinator does not
+
+    assert set(BUILTINS) == jobspec.BUILTIN_MODELS
+
+
 def test_model_args_of_a_user_task_are_left_to_it():
     s = spec(model="mypkg.models:build")
     s.model_args.update({"anything": "goes"})
