@@ -24,14 +24,12 @@ class IntArg:
 
 def _heads_divide_dim(model: str, values: dict[str, int]) -> None:
     if values["dim"] % values["heads"]:
-        raise _invalid(
-            f"{model}: dim {values['dim']} must be a multiple of heads {values['heads']}"
-        )
+        raise invalid(f"{model}: dim {values['dim']} must be a multiple of heads {values['heads']}")
 
 
 def _touched_within_rows(model: str, values: dict[str, int]) -> None:
     if values["touched"] > values["rows"]:
-        raise _invalid(
+        raise invalid(
             f"{model}: touched ({values['touched']}) must not exceed rows ({values['rows']})"
         )
 
@@ -72,7 +70,7 @@ def parse(model: str, args: Mapping[str, str]) -> dict[str, int]:
     schema = SCHEMAS[model]
     unknown = set(args) - set(schema)
     if unknown:
-        raise _invalid(f"{model}: unknown model_args {sorted(unknown)}; known: {sorted(schema)}")
+        raise invalid(f"{model}: unknown model_args {sorted(unknown)}; known: {sorted(schema)}")
     values = {name: _int(model, name, args.get(name), arg) for name, arg in schema.items()}
     check = _CHECKS.get(model)
     if check is not None:
@@ -86,13 +84,14 @@ def _int(model: str, name: str, raw: str | None, arg: IntArg) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise _invalid(f"{model}: model_args[{name!r}] must be an integer, got {raw!r}") from None
+        raise invalid(f"{model}: model_args[{name!r}] must be an integer, got {raw!r}") from None
     if not arg.low <= value <= arg.high:
-        raise _invalid(
+        raise invalid(
             f"{model}: model_args[{name!r}] must be in [{arg.low}, {arg.high}], got {value}"
         )
     return value
 
 
-def _invalid(message: str) -> StalwartError:
+def invalid(message: str) -> StalwartError:
+    """INVALID_ARGUMENT with ``message``: a bad model argument or task (models.base too)."""
     return StalwartError(ErrorKind.INVALID_ARGUMENT, message)

@@ -435,16 +435,30 @@ class Launcher:
         return answer
 
 
+ServiceStarter = Callable[[str, Sequence[str], str], ServiceProcess]
+"""``start(module, args, name)``: :func:`start_service` into a fixed run folder."""
+
+
 @contextlib.contextmanager
-def owned_launcher(run_dir: Path, timeout: float = 90.0) -> Iterator[Launcher]:
-    """A launcher owned by this process, for a command that starts services of its own
-    with ``start_service(..., launcher=...)`` (``bench ps``, ``bench exchange``): they
-    stop once this process has exited, even by kill -9, where the command's ``finally``
-    never runs. On leaving, the launcher is stopped; the caller stops its services."""
+def owned_services(run_dir: Path, timeout: float = 90.0) -> Iterator[ServiceStarter]:
+    """For a command that starts services of its own rather than a cluster (``bench
+    ps``, ``bench exchange``, ``bench ckpt``): yields ``start(module, args, name)``,
+    which forks each from a launcher this process owns, so they stop once it has
+    exited, even by kill -9, where the command's ``finally`` never runs. On leaving,
+    every service started is stopped (SIGTERM), then the launcher."""
     launcher = Launcher.start(run_dir, timeout=timeout, owner=os.getpid())
+    started: list[ServiceProcess] = []
+
+    def start(module: str, args: Sequence[str], name: str) -> ServiceProcess:
+        proc = start_service(module, args, run_dir, name, timeout=timeout, launcher=launcher)
+        started.append(proc)
+        return proc
+
     try:
-        yield launcher
+        yield start
     finally:
+        for proc in started:
+            proc.terminate()
         launcher.stop()
 
 

@@ -38,7 +38,7 @@ from stalwart import checkpoint as ckpt
 from stalwart.api import common, paramserver, paramserver_grpc
 from stalwart.channel import open_channel
 from stalwart.client import ParamServerClient, ShardGroupClient
-from stalwart.procs import owned_launcher, start_service
+from stalwart.procs import owned_services
 from stalwart.stores import Store, chunk_hash, open_store
 
 MIB = 1024 * 1024
@@ -300,46 +300,36 @@ async def run(
         "baseline": torch_baseline(model_mib),
         "backends": {},
     }
-    module = "services.paramserver"
-    procs = []
-    with owned_launcher(run_dir, timeout=120) as launcher:  # stops even if this is killed
-        try:
-            backup = start_service(module, ["--role", "backup"], run_dir, "ps-backup",
-                                   timeout=120, launcher=launcher)  # fmt: skip
-            procs.append(backup)
-            primary = start_service(module, ["--role", "primary", "--backups", backup.address],
-                                    run_dir, "ps-primary", timeout=120,
-                                    launcher=launcher)  # fmt: skip
-            procs.append(primary)
-            for name, url in urls.items():
-                store = await asyncio.to_thread(open_store, url)
-                try:
-                    figures = await asyncio.to_thread(save_restore, store, model_mib, chunk_bytes)
-                    base = result["baseline"]
-                    figures["save_vs_torch_save"] = round(
-                        figures["save_mb_s"] / base["torch_save_mb_s"], 3
+    ps = "services.paramserver"
+    with owned_services(run_dir, timeout=120) as start:  # they stop even if this is killed
+        backup = start(ps, ["--role", "backup"], "ps-backup")
+        primary = start(ps, ["--role", "primary", "--backups", backup.address], "ps-primary")
+        for name, url in urls.items():
+            store = await asyncio.to_thread(open_store, url)
+            try:
+                figures = await asyncio.to_thread(save_restore, store, model_mib, chunk_bytes)
+                base = result["baseline"]
+                figures["save_vs_torch_save"] = round(
+                    figures["save_mb_s"] / base["torch_save_mb_s"], 3
+                )
+                figures["restore_vs_torch_load"] = round(
+                    figures["restore_mb_s"] / base["torch_load_mb_s"], 3
+                )
+                figures["stall"] = await stall(
+                    [primary.address, backup.address],
+                    store,
+                    stall_model_mib or model_mib,
+                    stall_steps,
+                    chunk_bytes,
+                )
+                if "delta" not in result:
+                    result["delta"] = await asyncio.to_thread(
+                        delta_size, store, delta_table_mib, delta_chunk_sizes, 0.01, 3
                     )
-                    figures["restore_vs_torch_load"] = round(
-                        figures["restore_mb_s"] / base["torch_load_mb_s"], 3
-                    )
-                    figures["stall"] = await stall(
-                        [primary.address, backup.address],
-                        store,
-                        stall_model_mib or model_mib,
-                        stall_steps,
-                        chunk_bytes,
-                    )
-                    if "delta" not in result:
-                        result["delta"] = await asyncio.to_thread(
-                            delta_size, store, delta_table_mib, delta_chunk_sizes, 0.01, 3
-                        )
-                        result["delta"]["store"] = name
-                finally:
-                    await asyncio.to_thread(store.close)
-                result["backends"][name] = figures
-        finally:
-            for p in procs:
-                p.terminate()
+                    result["delta"]["store"] = name
+            finally:
+                await asyncio.to_thread(store.close)
+            result["backends"][name] = figures
     result["run_dir"] = str(run_dir)
     return result
 

@@ -35,25 +35,19 @@ from stalwart import gradients
 from stalwart.api import common
 from stalwart.bench.ps import make_model
 from stalwart.client import ParamServerClient, ShardGroupClient
-from stalwart.procs import Launcher, ServiceProcess, owned_launcher, start_service
+from stalwart.procs import ServiceStarter, owned_services
 
 GOAL = 1.5
 SLOTS = 3
 
 
-def _start_groups(count: int, run_dir: Path, launcher: Launcher,
-                  procs: list[ServiceProcess]) -> list[list[str]]:  # fmt: skip
-    """Start ``count`` groups (primary + backup) and return their addresses; each process
-    goes into ``procs`` as soon as it serves, for the caller to stop."""
+def _start_groups(count: int, start: ServiceStarter) -> list[list[str]]:
+    """Start ``count`` groups (primary + backup) and return their addresses."""
     groups = []
     for g in range(count):
-        backup = start_service("services.paramserver", ["--role", "backup"], run_dir,
-                               f"ps-{g}b", launcher=launcher)  # fmt: skip
-        procs.append(backup)
-        primary = start_service("services.paramserver",
-                                ["--role", "primary", "--backups", backup.address],
-                                run_dir, f"ps-{g}a", launcher=launcher)  # fmt: skip
-        procs.append(primary)
+        backup = start("services.paramserver", ["--role", "backup"], f"ps-{g}b")
+        primary = start("services.paramserver",
+                        ["--role", "primary", "--backups", backup.address], f"ps-{g}a")  # fmt: skip
         groups.append([primary.address, backup.address])
     return groups
 
@@ -86,14 +80,9 @@ async def _steps(groups: list[list[str]], model, repeats: int, wire: int) -> lis
 def _through_stalwart(
     shard_groups: int, model, repeats: int, run_dir: Path, wire: int
 ) -> list[float]:
-    procs: list[ServiceProcess] = []
-    with owned_launcher(run_dir) as launcher:  # its services stop even if this is killed
-        try:
-            groups = _start_groups(shard_groups, run_dir, launcher, procs)
-            return asyncio.run(_steps(groups, model, repeats, wire))
-        finally:
-            for p in procs:
-                p.terminate()
+    with owned_services(run_dir) as start:  # they stop even if this command is killed
+        groups = _start_groups(shard_groups, start)
+        return asyncio.run(_steps(groups, model, repeats, wire))
 
 
 def _allreduce(mib: int, repeats: int, run_dir: Path) -> list[float]:

@@ -26,7 +26,7 @@ from stalwart import codec
 from stalwart.api import common
 from stalwart.bench import echo
 from stalwart.client import ParamServerClient, ShardGroupClient
-from stalwart.procs import owned_launcher, start_service
+from stalwart.procs import owned_services
 
 MIB = 1024 * 1024
 
@@ -104,26 +104,14 @@ async def run(model_mib: int = 64, repeats: int = 5, run_dir: Path | None = None
     model = make_model(model_mib)
     nbytes = sum(t.numel() * t.element_size() for t in model.values())
     ps = "services.paramserver"
-    procs = []
-    with owned_launcher(run_dir) as launcher:  # its services stop even if this is killed
-        try:
-            backup = start_service(ps, ["--role", "backup"], run_dir, "ps-backup",
-                                   launcher=launcher)  # fmt: skip
-            procs.append(backup)
-            primary = start_service(ps, ["--role", "primary", "--backups", backup.address],
-                                    run_dir, "ps-primary", launcher=launcher)  # fmt: skip
-            procs.append(primary)
-            lone = start_service(ps, ["--role", "primary"], run_dir, "ps-lone",
-                                 launcher=launcher)  # fmt: skip
-            procs.append(lone)
-            bare = start_service("stalwart.bench.echo", [], run_dir, "echo", launcher=launcher)
-            procs.append(bare)
-            raw_up, raw_down = await _raw_grpc(bare.address, nbytes, chunk, repeats)
-            push, pull = await _through_ps([primary.address, backup.address], model, repeats)
-            lone_push, _ = await _through_ps([lone.address], model, repeats)
-        finally:
-            for p in procs:
-                p.terminate()
+    with owned_services(run_dir) as start:  # they stop even if this command is killed
+        backup = start(ps, ["--role", "backup"], "ps-backup")
+        primary = start(ps, ["--role", "primary", "--backups", backup.address], "ps-primary")
+        lone = start(ps, ["--role", "primary"], "ps-lone")
+        bare = start("stalwart.bench.echo", [], "echo")
+        raw_up, raw_down = await _raw_grpc(bare.address, nbytes, chunk, repeats)
+        push, pull = await _through_ps([primary.address, backup.address], model, repeats)
+        lone_push, _ = await _through_ps([lone.address], model, repeats)
     mb = nbytes / 1e6
     return {
         "model_bytes": nbytes,

@@ -19,8 +19,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from stalwart.errors import ErrorKind, StalwartError
-
 _MASK63 = (1 << 63) - 1
 
 
@@ -115,10 +113,6 @@ def _cuda_impossible() -> bool:
     if torch.cuda.is_initialized():
         return False
     return not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version"))
-
-
-def invalid(message: str) -> StalwartError:
-    return StalwartError(ErrorKind.INVALID_ARGUMENT, message)
 
 
 def accuracy_and_loss(

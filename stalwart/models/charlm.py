@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from stalwart import modelargs
-from stalwart.models.base import generator, invalid, seeded_module
+from stalwart.models.base import generator, seeded_module
 
 NAME = "char-lm"
 MODULES = (
@@ -45,7 +45,9 @@ def corpus() -> torch.Tensor:
     try:
         data = b"\n".join((lib / name).read_bytes() for name in MODULES)
     except OSError as exc:
-        raise invalid(f"{NAME}: cannot read the standard library's sources: {exc}") from exc
+        raise modelargs.invalid(
+            f"{NAME}: cannot read the standard library's sources: {exc}"
+        ) from exc
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from stalwart.api import common, coordinator
+from stalwart.modelargs import invalid
 from stalwart.models import charlm, digits, embedding, mlp, user
-from stalwart.models.base import Task, invalid
+from stalwart.models.base import Task
 
 Factory = Callable[[int, Mapping[str, str]], Task]
 

@@ -11,7 +11,8 @@ import importlib
 import re
 
 from stalwart.api import coordinator
-from stalwart.models.base import TASK_METHODS, Task, invalid
+from stalwart.modelargs import invalid
+from stalwart.models.base import TASK_METHODS, Task
 
 # dotted identifiers, a colon, one identifier: nothing else is ever imported
 _REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
