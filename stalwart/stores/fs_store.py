@@ -95,11 +95,8 @@ class FileStore(Store):
     def capacity(self) -> Capacity:
         """Bytes of stored chunks; the limit: the budget, and the room left on the
         file system (tmpfs for shm://) on top of what the chunks already use."""
-        used = 0
         base = os.path.join(self.root, "chunks")
-        for fan in os.scandir(base):
-            if fan.is_dir():
-                used += sum(e.stat().st_size for e in os.scandir(fan.path) if e.is_file())
+        used = sum(_bytes_of_files(fan.path) for fan in os.scandir(base) if fan.is_dir())
         fs = os.statvfs(self.root)
         limit = used + fs.f_bavail * fs.f_frsize
         if self.budget_bytes:
@@ -434,3 +431,15 @@ class FileStore(Store):
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _bytes_of_files(directory: str) -> int:
+    """Sizes of the files in ``directory``, skipping one that goes while it is read:
+    other writers rename their temp files into place and retention deletes chunks
+    while a save asks how full the store is, which must not fail that save."""
+    total = 0
+    for entry in os.scandir(directory):
+        with contextlib.suppress(FileNotFoundError):
+            if entry.is_file():
+                total += entry.stat().st_size
+    return total
