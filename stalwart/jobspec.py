@@ -14,6 +14,7 @@ import re
 from stalwart import limits, modelargs, schedule
 from stalwart.api import common, coordinator
 from stalwart.errors import ErrorKind, StalwartError
+from stalwart.modelargs import invalid
 
 BUILTIN_MODELS = frozenset(modelargs.SCHEMAS)  # each built-in declares its model_args there
 BUILTIN_DATASETS = frozenset({"", "digits", "synthetic"})
@@ -35,10 +36,6 @@ _USER_MODEL = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
-def _bad(message: str) -> StalwartError:
-    return StalwartError(ErrorKind.INVALID_ARGUMENT, message)
-
-
 def validate_optimizer(spec: common.OptimizerSpec) -> None:
     """The optimizer kinds and hyper-parameter ranges the paramserver runs (torch.optim's)."""
     kind = spec.kind
@@ -47,11 +44,11 @@ def validate_optimizer(spec: common.OptimizerSpec) -> None:
         common.OPTIMIZER_KIND_ADAM,
         common.OPTIMIZER_KIND_ADAMW,
     ):
-        raise _bad("optimizer: kind must be SGD, ADAM or ADAMW")
+        raise invalid("optimizer: kind must be SGD, ADAM or ADAMW")
     if not 0 < spec.lr <= FLOAT32_MAX:  # NaN fails the comparison
-        raise _bad(f"optimizer: lr must be > 0 and finite in float32, got {spec.lr}")
+        raise invalid(f"optimizer: lr must be > 0 and finite in float32, got {spec.lr}")
     if not 0 <= spec.weight_decay <= FLOAT32_MAX:
-        raise _bad(
+        raise invalid(
             f"optimizer: weight_decay must be >= 0 and finite in float32, got {spec.weight_decay}"
         )
     if kind == common.OPTIMIZER_KIND_SGD:
@@ -64,11 +61,11 @@ def validate_optimizer(spec: common.OptimizerSpec) -> None:
 def _check_update_rule(spec: common.OptimizerSpec) -> None:
     """Reduction, clipping and schedule: what happens to the gradient before the step."""
     if spec.reduction not in _REDUCTIONS:
-        raise _bad("optimizer: reduction must be MEAN or SUM")
+        raise invalid("optimizer: reduction must be MEAN or SUM")
     for name in ("clip_grad_norm", "clip_grad_value"):
         value = getattr(spec, name)
         if not value >= 0 or math.isinf(value):
-            raise _bad(f"optimizer: {name} must be finite and >= 0 (0 disables), got {value}")
+            raise invalid(f"optimizer: {name} must be finite and >= 0 (0 disables), got {value}")
     if spec.HasField("schedule"):
         _check_schedule(spec.schedule)
 
@@ -89,41 +86,43 @@ _SCHEDULES = (
 
 def _check_schedule(s: common.LrSchedule) -> None:
     if s.kind not in _SCHEDULES:
-        raise _bad("optimizer.schedule: kind must be CONSTANT, COSINE, LINEAR or STEP")
+        raise invalid("optimizer.schedule: kind must be CONSTANT, COSINE, LINEAR or STEP")
     if s.warmup_steps < 0:
-        raise _bad(f"optimizer.schedule: warmup_steps must be >= 0, got {s.warmup_steps}")
+        raise invalid(f"optimizer.schedule: warmup_steps must be >= 0, got {s.warmup_steps}")
     decaying = s.kind in (common.LR_SCHEDULE_KIND_COSINE, common.LR_SCHEDULE_KIND_LINEAR)
     if decaying and s.decay_steps < 1:
-        raise _bad(f"optimizer.schedule: decay_steps must be >= 1, got {s.decay_steps}")
+        raise invalid(f"optimizer.schedule: decay_steps must be >= 1, got {s.decay_steps}")
     if not 0 <= s.final_lr_ratio <= 1:
-        raise _bad(f"optimizer.schedule: final_lr_ratio must be in [0, 1], got {s.final_lr_ratio}")
+        raise invalid(
+            f"optimizer.schedule: final_lr_ratio must be in [0, 1], got {s.final_lr_ratio}"
+        )
     if s.kind == common.LR_SCHEDULE_KIND_STEP:
         if s.step_size < 1:
-            raise _bad(f"optimizer.schedule: step_size must be >= 1, got {s.step_size}")
+            raise invalid(f"optimizer.schedule: step_size must be >= 1, got {s.step_size}")
         if not 0 <= s.gamma <= 1:
-            raise _bad(f"optimizer.schedule: gamma must be in (0, 1] (0: 0.1), got {s.gamma}")
+            raise invalid(f"optimizer.schedule: gamma must be in (0, 1] (0: 0.1), got {s.gamma}")
 
 
 def _check_sgd(spec: common.OptimizerSpec) -> None:
     if not 0 <= spec.momentum < 1:
-        raise _bad(f"optimizer: momentum must be in [0, 1), got {spec.momentum}")
+        raise invalid(f"optimizer: momentum must be in [0, 1), got {spec.momentum}")
     if not 0 <= spec.dampening <= 1:
-        raise _bad(f"optimizer: dampening must be in [0, 1], got {spec.dampening}")
+        raise invalid(f"optimizer: dampening must be in [0, 1], got {spec.dampening}")
     if spec.nesterov and (spec.momentum <= 0 or spec.dampening != 0):
-        raise _bad("optimizer: nesterov needs momentum > 0 and dampening 0")
+        raise invalid("optimizer: nesterov needs momentum > 0 and dampening 0")
     if spec.beta1 or spec.beta2 or spec.eps:
-        raise _bad("optimizer: beta1, beta2 and eps do not apply to SGD")
+        raise invalid("optimizer: beta1, beta2 and eps do not apply to SGD")
 
 
 def _check_adam(spec: common.OptimizerSpec) -> None:
     for name in ("beta1", "beta2"):
         value = getattr(spec, name)
         if not 0 <= value < 1:
-            raise _bad(f"optimizer: {name} must be in [0, 1), got {value}")
+            raise invalid(f"optimizer: {name} must be in [0, 1), got {value}")
     if not 0 <= spec.eps <= FLOAT32_MAX:
-        raise _bad(f"optimizer: eps must be >= 0 and finite in float32, got {spec.eps}")
+        raise invalid(f"optimizer: eps must be >= 0 and finite in float32, got {spec.eps}")
     if spec.momentum or spec.dampening or spec.nesterov:
-        raise _bad("optimizer: momentum, dampening and nesterov do not apply to Adam")
+        raise invalid("optimizer: momentum, dampening and nesterov do not apply to Adam")
 
 
 def validate_model_name(model: str) -> None:
@@ -131,12 +130,12 @@ def validate_model_name(model: str) -> None:
     if model in BUILTIN_MODELS or _USER_MODEL.fullmatch(model):
         return
     known = ", ".join(sorted(BUILTIN_MODELS))
-    raise _bad(f"unknown model {model[:100]!r}: use one of {known} or 'package.module:function'")
+    raise invalid(f"unknown model {model[:100]!r}: use one of {known} or 'package.module:function'")
 
 
 def validate_job_id(job_id: str) -> None:
     if job_id and not _JOB_ID.fullmatch(job_id):
-        raise _bad(
+        raise invalid(
             "job_id must be 1-63 characters of A-Z a-z 0-9 . _ - starting with a letter or digit"
         )
 
@@ -149,45 +148,49 @@ def validate_job_spec(spec: coordinator.JobSpec, max_slots: int, max_steps: int)
     validate_model_name(spec.model)
     user_model = ":" in spec.model
     if not user_model and spec.dataset not in BUILTIN_DATASETS:
-        raise _bad(f"unknown dataset {spec.dataset[:100]!r} for built-in model {spec.model!r}")
+        raise invalid(f"unknown dataset {spec.dataset[:100]!r} for built-in model {spec.model!r}")
     if not user_model:
         modelargs.parse(spec.model, spec.model_args)  # a user task reads its own on trainers
     _check_counts(spec, max_slots, max_steps)
     validate_optimizer(spec.optimizer)
     if spec.optimizer.clip_grad_norm and spec.num_shards > 1:
-        raise _bad("optimizer: clip_grad_norm needs num_shards 1 (the norm spans every tensor)")
+        raise invalid("optimizer: clip_grad_norm needs num_shards 1 (the norm spans every tensor)")
     _check_consistency(spec.consistency)
     if spec.consistency.mode != common.CONSISTENCY_MODE_SYNC and spec.num_shards > 1:
         # Each group counts a slot's pushes on its own; a trainer that takes over a
         # slot learns one count, and a push applied on some groups only would leave
         # the counts apart for good (sync finishes such a step instead).
-        raise _bad("consistency ASYNC and SSP need num_shards 1")
+        raise invalid("consistency ASYNC and SSP need num_shards 1")
     if len(spec.init_from) > MAX_PATH or (
         spec.init_from and not spec.init_from.endswith(".safetensors")
     ):
-        raise _bad(f"init_from must be a .safetensors path of at most {MAX_PATH} characters")
+        raise invalid(f"init_from must be a .safetensors path of at most {MAX_PATH} characters")
     if not 0 <= spec.duplicate_compute_rate <= 1:
-        raise _bad(f"duplicate_compute_rate must be in [0, 1], got {spec.duplicate_compute_rate}")
+        raise invalid(
+            f"duplicate_compute_rate must be in [0, 1], got {spec.duplicate_compute_rate}"
+        )
     if spec.gradient_dtype not in GRADIENT_DTYPES:
         names = " or ".join(common.Dtype.Name(d) for d in GRADIENT_DTYPES)
-        raise _bad(f"gradient_dtype must be {names}, got {spec.gradient_dtype}")
+        raise invalid(f"gradient_dtype must be {names}, got {spec.gradient_dtype}")
 
 
 def _check_counts(spec: coordinator.JobSpec, max_slots: int, max_steps: int) -> None:
     if spec.num_slots < 1:
-        raise _bad(f"num_slots must be >= 1, got {spec.num_slots}")
+        raise invalid(f"num_slots must be >= 1, got {spec.num_slots}")
     if spec.steps < 1:
-        raise _bad(f"steps must be >= 1, got {spec.steps}")
+        raise invalid(f"steps must be >= 1, got {spec.steps}")
     if spec.batch_size < 1:
-        raise _bad(f"batch_size must be >= 1, got {spec.batch_size}")
+        raise invalid(f"batch_size must be >= 1, got {spec.batch_size}")
     if not 0 <= spec.micro_batches <= MAX_MICRO_BATCHES:
-        raise _bad(f"micro_batches must be in [0, {MAX_MICRO_BATCHES}], got {spec.micro_batches}")
+        raise invalid(
+            f"micro_batches must be in [0, {MAX_MICRO_BATCHES}], got {spec.micro_batches}"
+        )
     _check_local_steps(spec)
     for name in ("num_shards", "checkpoint_interval"):
         if getattr(spec, name) < 0:
-            raise _bad(f"{name} must be >= 0, got {getattr(spec, name)}")
+            raise invalid(f"{name} must be >= 0, got {getattr(spec, name)}")
     if spec.eval_every < 0:
-        raise _bad(f"eval_every must be >= 0 (0: no evaluation), got {spec.eval_every}")
+        raise invalid(f"eval_every must be >= 0 (0: no evaluation), got {spec.eval_every}")
     if spec.num_shards > MAX_SHARDS:
         raise StalwartError(
             ErrorKind.LIMIT_EXCEEDED, f"num_shards {spec.num_shards} > limit {MAX_SHARDS}"
@@ -208,17 +211,19 @@ def _check_local_steps(spec: coordinator.JobSpec) -> None:
     (each inner step accumulates them), so that pair is allowed.
     """
     if not 0 <= spec.local_steps <= MAX_LOCAL_STEPS:
-        raise _bad(f"local_steps must be in [0, {MAX_LOCAL_STEPS}], got {spec.local_steps}")
+        raise invalid(f"local_steps must be in [0, {MAX_LOCAL_STEPS}], got {spec.local_steps}")
     if spec.local_steps > 1:
         if not 0 < spec.local_lr <= FLOAT32_MAX:  # NaN fails the comparison
-            raise _bad(f"local_lr must be > 0 and finite when local_steps > 1, got {spec.local_lr}")
+            raise invalid(
+                f"local_lr must be > 0 and finite when local_steps > 1, got {spec.local_lr}"
+            )
         if spec.consistency.mode not in (
             common.CONSISTENCY_MODE_UNSPECIFIED,
             common.CONSISTENCY_MODE_SYNC,
         ):
-            raise _bad("local_steps > 1 needs consistency mode SYNC")
+            raise invalid("local_steps > 1 needs consistency mode SYNC")
     elif spec.local_lr:
-        raise _bad(f"local_lr {spec.local_lr} needs local_steps > 1, got {spec.local_steps}")
+        raise invalid(f"local_lr {spec.local_lr} needs local_steps > 1, got {spec.local_steps}")
 
 
 def _check_consistency(spec: common.ConsistencySpec) -> None:
@@ -227,12 +232,12 @@ def _check_consistency(spec: common.ConsistencySpec) -> None:
         common.CONSISTENCY_MODE_ASYNC,
         common.CONSISTENCY_MODE_SSP,
     ):
-        raise _bad("consistency.mode must be SYNC, ASYNC or SSP")
+        raise invalid("consistency.mode must be SYNC, ASYNC or SSP")
     if spec.mode == common.CONSISTENCY_MODE_SSP and spec.staleness < 0:
-        raise _bad("consistency.staleness must be >= 0 in SSP mode")
+        raise invalid("consistency.staleness must be >= 0 in SSP mode")
     if spec.mode != common.CONSISTENCY_MODE_SSP and spec.staleness:  # it would do nothing
         mode = common.ConsistencyMode.Name(spec.mode).removeprefix("CONSISTENCY_MODE_")
-        raise _bad(f"consistency.staleness applies to SSP mode only, got {spec.staleness} "
+        raise invalid(f"consistency.staleness applies to SSP mode only, got {spec.staleness} "
                    f"with {mode}")  # fmt: skip
 
 
