@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from stalwart.stores import chunk_hash, open_store
 
 
