@@ -23,14 +23,32 @@ app = typer.Typer(help="Scale simulations driven by our measurements.", no_args_
 _JSON = {"exists": False, "dir_okay": False}
 
 
-def _gpus(text: str) -> tuple[int, ...]:
+MIN_GPUS, MAX_GPUS = 8, 1_000_000
+
+
+def _gpus(text: str, replica_gpus: int) -> tuple[int, ...]:
     try:
         values = tuple(int(v.replace("_", "")) for v in text.split(",") if v.strip())
     except ValueError:
         fail(f"--gpus wants comma-separated integers, got {text!r}", ExitCode.INVALID_INPUT)
-    if not values or any(v < 8 or v > 1_000_000 for v in values):
-        fail("--gpus values must be between 8 and 1,000,000", ExitCode.INVALID_INPUT)
+    if not values:
+        fail("--gpus wants at least one GPU count", ExitCode.INVALID_INPUT)
+    for count in values:
+        _check_gpu_count("--gpus", count, replica_gpus)
     return values
+
+
+def _check_gpu_count(flag: str, count: int, replica_gpus: int) -> None:
+    """A job size the simulation can model: within the range its models were sized for,
+    and at least one whole data-parallel replica (a smaller job was modelled as one
+    replica anyway, and a sweep at 10^8 GPUs ran for hours)."""
+    if not MIN_GPUS <= count <= MAX_GPUS:
+        fail(f"{flag} values must be between 8 and 1,000,000, got {count}", ExitCode.INVALID_INPUT)
+    if count < replica_gpus:
+        fail(
+            f"{flag} {count} holds no whole replica of --replica-gpus {replica_gpus}",
+            ExitCode.INVALID_INPUT,
+        )
 
 
 @app.command("ettr")
@@ -101,7 +119,9 @@ def ettr(
         check_output_file(html, "--html")
     if refill not in ("scheduler", "repair"):
         fail("--refill must be scheduler or repair", ExitCode.INVALID_INPUT)
-    gpu_counts = _gpus(gpus)  # every argument is checked before the trace is looked for
+    gpu_counts = _gpus(gpus, replica_gpus)  # all checked before the trace is looked for
+    if sensitivity:
+        _check_gpu_count("--sensitivity", sensitivity, replica_gpus)
     try:
         measured = sim.load(
             recovery_json, ddp_json, overhead_json, ckpt_json, health_json, ckpt_store

@@ -33,6 +33,12 @@ def test_bad_input_is_one_error_line(data, tmp_path, monkeypatch):
         monkeypatch.setenv("STALWART_DATA_DIR", str(tmp_path))
     for args in (
         ["--gpus", "lots"],
+        ["--gpus", "1024,4"],
+        ["--gpus", ","],
+        ["--gpus", "64", "--replica-gpus", "128"],  # not one whole replica
+        ["--sensitivity", "99999999"],  # ran for hours
+        ["--sensitivity", "1"],
+        ["--sensitivity", "512", "--replica-gpus", "1024"],
         ["--strategies", "magic"],
         ["--failures", "dice"],
         ["--html", "/nonexistent/folder/x.html"],
