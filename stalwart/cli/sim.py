@@ -149,10 +149,31 @@ def ettr(
         gray_per_failure=gray_per_failure,
         workload={"replica_gpus": replica_gpus, "params": params_b * 1e9, "step_s_at_16k": step_s},
     )
-    doc = sim.run.document(cfg, measured, fit, anchors, sensitivity or None)
+    doc = _simulated(cfg, measured, fit, anchors, sensitivity or None, show=output is Output.table)
     if html:
         html.write_text(render.html_report(doc))
     emit(output, doc, lambda: _tables(doc))
+
+
+def _simulated(cfg, measured, fit, anchors: bool, sensitivity: int | None, show: bool) -> dict:
+    """``sim.run.document`` with a progress bar on stderr (one tick per simulated seed):
+    a million GPUs over 365 days and 50 seeds runs for tens of minutes."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from stalwart import sim
+
+    console = Console(stderr=True)
+    bar = Progress(
+        TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("seed runs"),
+        TimeElapsedColumn(), console=console, transient=True,
+        disable=not (show and console.is_terminal),  # a log gets no half-drawn bars
+    )  # fmt: skip
+    task = bar.add_task("", total=sim.run.seed_runs(cfg, anchors, sensitivity))
+    with bar:
+        return sim.run.document(
+            cfg, measured, fit, anchors, sensitivity, tick=lambda: bar.advance(task)
+        )
 
 
 def _tables(doc: dict) -> None:

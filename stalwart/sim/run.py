@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stalwart.sim import failures, published, scaling, trace
@@ -12,6 +13,13 @@ from stalwart.sim.strategies import Common, RestartAll, Stalwart, StalwartParams
 
 STRATEGIES = ("restart-all", "torchft", "stalwart", "stalwart+drain")
 FAILURE_SOURCES = ("llama3", "meta", "trace")
+
+#: Called once per simulated seed of one GPU count (a progress bar's tick).
+Tick = Callable[[], None]
+
+
+def _no_tick() -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ def _mean_dicts(dicts: list[dict]) -> dict:
 
 
 def run_one(cfg: SimConfig, m: Measured, model: failures.FailureModel, gpus: int,
-            names: tuple[str, ...]) -> list[dict]:  # fmt: skip
+            names: tuple[str, ...], tick: Tick = _no_tick) -> list[dict]:  # fmt: skip
     """Every strategy at one N, each seed's hardware events shared by all strategies."""
     w = scaling.Workload(gpus=gpus, **cfg.workload)
     horizon = cfg.days * failures.DAY
@@ -73,6 +81,7 @@ def run_one(cfg: SimConfig, m: Measured, model: failures.FailureModel, gpus: int
         common = Common(workload=w, model=model, seed=s, **cfg.common)
         for name in names:
             per[name].append(build(name, common, m, cfg).run(events, horizon))
+        tick()
     rows = []
     for name, runs in per.items():
         ettr = [r["ettr"] for r in runs]
@@ -93,9 +102,11 @@ def run_one(cfg: SimConfig, m: Measured, model: failures.FailureModel, gpus: int
     return rows
 
 
-def simulate(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None) -> list[dict]:
+def simulate(
+    cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, tick: Tick = _no_tick
+) -> list[dict]:
     model = failure_model(cfg, fit)
-    return [row for n in cfg.gpus for row in run_one(cfg, m, model, n, cfg.strategies)]
+    return [row for n in cfg.gpus for row in run_one(cfg, m, model, n, cfg.strategies, tick)]
 
 
 # --- sanity against published results ----------------------------------------------------
@@ -109,15 +120,17 @@ BYTEROBUST_COMMON = {"replace_s": 0.0, "ckpt_s": 1.0, "load_s": 10.0, "crash_det
                      "hang_detect_s": 60.0, "gray_detect_s": 600.0}  # fmt: skip
 
 
-def anchors(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None) -> list[dict]:
+def anchors(
+    cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, tick: Tick = _no_tick
+) -> list[dict]:
     base = dataclasses.replace(cfg, failures="llama3", strategies=("restart-all",))
     model = failure_model(base, fit)
     llama = dataclasses.replace(base, days=published.LLAMA3_DAYS)
-    row_l = run_one(llama, m, model, published.LLAMA3_GPUS, ("restart-all",))[0]
+    row_l = run_one(llama, m, model, published.LLAMA3_GPUS, ("restart-all",), tick)[0]
     bytedance = dataclasses.replace(base, days=published.BYTEROBUST_DAYS,
                                     common={**cfg.common, **BYTEROBUST_COMMON})  # fmt: skip
     no_planned = dataclasses.replace(model, planned_per_gpu_hour=0.0)
-    row_b = run_one(bytedance, m, no_planned, published.BYTEROBUST_GPUS, ("restart-all",))[0]
+    row_b = run_one(bytedance, m, no_planned, published.BYTEROBUST_GPUS, ("restart-all",), tick)[0]
     return [
         {"anchor": "Llama 3 (restart-all, its settings)", "gpus": published.LLAMA3_GPUS,
          "published": f"> {published.LLAMA3_EFFECTIVE_TRAINING_TIME:.0%} effective training time",
@@ -135,13 +148,17 @@ def anchors(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None) -> list[dic
 POOL_SIZES = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 INTERVAL_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 RECALLS = (0.0, 0.25, 0.5, 0.75, 1.0)
+INTERVAL_STRATEGIES = ("restart-all", "torchft", "stalwart")
+SENSITIVITY_RUNS = len(POOL_SIZES) + len(INTERVAL_STRATEGIES) * len(INTERVAL_SCALES) + len(RECALLS)
 
 
-def sensitivity(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, gpus: int) -> dict:
+def sensitivity(
+    cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, gpus: int, tick: Tick = _no_tick
+) -> dict:
     model = failure_model(cfg, fit)
 
     def ettr(c: SimConfig, name: str) -> dict:
-        row = run_one(c, m, model, gpus, (name,))[0]
+        row = run_one(c, m, model, gpus, (name,), tick)[0]
         return {k: row[k] for k in ("ettr", "effective_throughput")} | (
             {"pool_empty_share": row["pool_empty_share"]} if "pool_empty_share" in row else {}
         )
@@ -151,7 +168,7 @@ def sensitivity(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, gpus: i
             for k in POOL_SIZES]  # fmt: skip
     interval = [{"scale": s, "strategy": n,
                  **ettr(dataclasses.replace(cfg, common={**cfg.common, "ckpt_interval_scale": s}), n)}
-                for n in ("restart-all", "torchft", "stalwart") for s in INTERVAL_SCALES]  # fmt: skip
+                for n in INTERVAL_STRATEGIES for s in INTERVAL_SCALES]  # fmt: skip
     recall = [{"recall": r, **ettr(dataclasses.replace(cfg, recall=r), "stalwart+drain")}
               for r in RECALLS]  # fmt: skip
     return {
@@ -165,17 +182,25 @@ def sensitivity(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, gpus: i
 # --- the whole document -------------------------------------------------------------------
 
 
+def seed_runs(cfg: SimConfig, with_anchors: bool, sensitivity_gpus: int | None) -> int:
+    """How many times :func:`document` calls its ``tick``: one per seed of each run."""
+    runs = (
+        len(cfg.gpus) + (2 if with_anchors else 0) + (SENSITIVITY_RUNS if sensitivity_gpus else 0)
+    )
+    return runs * cfg.seeds
+
+
 def document(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, with_anchors: bool = True,
-             sensitivity_gpus: int | None = None) -> dict:  # fmt: skip
+             sensitivity_gpus: int | None = None, tick: Tick = _no_tick) -> dict:  # fmt: skip
     """Results per strategy and N, the anchors, optional sensitivity, and every input used."""
     model = failure_model(cfg, fit)
-    results = simulate(cfg, m, fit)
+    results = simulate(cfg, m, fit, tick)
     doc = {
         "summary": (f"{cfg.days:g} days of one job, mean of {cfg.seeds} seed(s) from {cfg.seed}; "
                     f"failures: {model.source}; {cfg.standbys} warm standbys "
                     f"(refilled by {cfg.refill})."),
         "results": results,
-        "anchors": anchors(cfg, m, fit) if with_anchors else [],
+        "anchors": anchors(cfg, m, fit, tick) if with_anchors else [],
         "inputs": {
             "config": {k: (list(v) if isinstance(v, tuple) else v)
                        for k, v in dataclasses.asdict(cfg).items()},
@@ -189,5 +214,5 @@ def document(cfg: SimConfig, m: Measured, fit: trace.TraceFit | None, with_ancho
         },
     }  # fmt: skip
     if sensitivity_gpus:
-        doc["sensitivity"] = sensitivity(cfg, m, fit, sensitivity_gpus)
+        doc["sensitivity"] = sensitivity(cfg, m, fit, sensitivity_gpus, tick)
     return doc

@@ -132,3 +132,11 @@ def test_meta_rate_reproduces_its_projected_mttf():
 def test_ettr_and_waste_account_for_all_wall_time(measured):
     for row in sim.simulate(SHORT, measured, None):
         assert row["ettr"] + sum(row["waste"].values()) == pytest.approx(1.0, abs=1e-4), row
+
+
+@pytest.mark.parametrize("with_anchors,sensitivity_gpus", [(False, None), (True, 2048)])
+def test_the_progress_ticks_once_per_planned_seed_run(measured, with_anchors, sensitivity_gpus):
+    cfg = sim.SimConfig(gpus=(2048, 4096), days=1, seeds=2)
+    ticks = []
+    run.document(cfg, measured, None, with_anchors, sensitivity_gpus, tick=lambda: ticks.append(1))
+    assert len(ticks) == run.seed_runs(cfg, with_anchors, sensitivity_gpus) > 0
