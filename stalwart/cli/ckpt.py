@@ -44,18 +44,26 @@ JOB = typer.Option("", "--job", "-j", help="only this job's checkpoints")
 
 def _open(url: str):
     """The store ``url`` names; a directory store must exist already: opening one makes
-    its folders, and a command that only reads must not leave a store behind."""
+    its folders, and a command that only reads must not leave a store behind (nor put
+    a store's folders into a folder that holds none: a mistyped path did)."""
     from stalwart.stores import open_store, parse_store_url
 
     try:
         parsed = parse_store_url(url)
-        if parsed.scheme in ("shm", "file") and not Path(parsed.path).is_dir():
-            fail(f"no store at {parsed.redacted}: {parsed.path} is not a folder",
-                 ExitCode.INVALID_INPUT)  # fmt: skip
+        if parsed.scheme in ("shm", "file"):
+            _check_folder_store(parsed.redacted, Path(parsed.path))
         return open_store(url)
     except StalwartError as exc:
         code = ExitCode.UNREACHABLE if exc.kind is ErrorKind.UNAVAILABLE else ExitCode.INVALID_INPUT
         fail(exc.message, code)
+
+
+def _check_folder_store(url: str, root: Path) -> None:
+    if not root.is_dir():
+        fail(f"no store at {url}: {root} is not a folder", ExitCode.INVALID_INPUT)
+    if not all((root / sub).is_dir() for sub in ("chunks", "manifests")):
+        fail(f"no store at {url}: {root} has no chunks/ and manifests/ folders",
+             ExitCode.INVALID_INPUT)  # fmt: skip
 
 
 CHECKPOINT_ID = typer.Argument(..., help="checkpoint id, as `stalwart ckpt list` shows it")

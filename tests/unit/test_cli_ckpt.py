@@ -79,3 +79,26 @@ def test_a_missing_directory_store_is_refused_not_made(tmp_path: Path) -> None:
         result.output.strip() == f"Error: no store at file://{missing}: {missing} is not a folder"
     )
     assert not missing.exists()
+
+
+def test_a_folder_without_a_store_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """A mistyped path to an existing folder used to list nothing and leave chunks/,
+    manifests/, kv/ and leases/ behind in it."""
+    (tmp_path / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(
+        app, ["ckpt", "list", "-j", "j", "--store-url", f"shm://{tmp_path}"]
+    )
+    assert result.exit_code == ExitCode.INVALID_INPUT
+    assert result.output.strip() == (
+        f"Error: no store at shm://{tmp_path}: {tmp_path} has no chunks/ and manifests/ folders"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_folder_store_is_read(tmp_path: Path) -> None:
+    open_store(f"shm://{tmp_path}").close()  # what a cluster makes
+    result = CliRunner().invoke(
+        app, ["ckpt", "list", "-j", "j", "--store-url", f"shm://{tmp_path}", "-o", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == []
