@@ -59,10 +59,13 @@ def _open(url: str):
 
 
 def _check_folder_store(url: str, root: Path) -> None:
+    from stalwart.stores.fs_store import SUBFOLDERS, holds_store
+
     if not root.is_dir():
         fail(f"no store at {url}: {root} is not a folder", ExitCode.INVALID_INPUT)
-    if not all((root / sub).is_dir() for sub in ("chunks", "manifests")):
-        fail(f"no store at {url}: {root} has no chunks/ and manifests/ folders",
+    if not holds_store(str(root)):
+        folders = ", ".join(f"{sub}/" for sub in SUBFOLDERS)
+        fail(f"no store at {url}: {root} lacks a store's folders ({folders})",
              ExitCode.INVALID_INPUT)  # fmt: skip
 
 

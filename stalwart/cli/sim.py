@@ -43,7 +43,8 @@ def _check_gpu_count(flag: str, count: int, replica_gpus: int) -> None:
     and at least one whole data-parallel replica (a smaller job was modelled as one
     replica anyway, and a sweep at 10^8 GPUs ran for hours)."""
     if not MIN_GPUS <= count <= MAX_GPUS:
-        fail(f"{flag} values must be between 8 and 1,000,000, got {count}", ExitCode.INVALID_INPUT)
+        fail(f"{flag} values must be between {MIN_GPUS} and {MAX_GPUS:,}, got {count}",
+             ExitCode.INVALID_INPUT)  # fmt: skip
     if count < replica_gpus:
         fail(
             f"{flag} {count} holds no whole replica of --replica-gpus {replica_gpus}",

@@ -61,6 +61,13 @@ from stalwart.stores.common import (
 )
 
 _TMP = ".tmp-"
+#: The folders a store's root holds; FileStore makes them when it opens one.
+SUBFOLDERS = ("chunks", "manifests", "kv", "leases")
+
+
+def holds_store(root: str) -> bool:
+    """Whether ``root`` is a store's folder (opening any other folder makes it one)."""
+    return all(os.path.isdir(os.path.join(root, sub)) for sub in SUBFOLDERS)
 
 
 class FileStore(Store):
@@ -76,7 +83,7 @@ class FileStore(Store):
         self._held: dict[tuple[str, int], int] = {}  # (lease name, token) -> fd holding the flock
         self._held_lock = threading.Lock()
         try:
-            for sub in ("chunks", "manifests", "kv", "leases"):
+            for sub in SUBFOLDERS:
                 os.makedirs(os.path.join(root, sub), exist_ok=True)
             probe = os.path.join(root, "kv", ".lock")
             os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o644))

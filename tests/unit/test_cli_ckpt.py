@@ -90,7 +90,8 @@ def test_a_folder_without_a_store_is_refused_and_left_as_it_was(tmp_path: Path) 
     )
     assert result.exit_code == ExitCode.INVALID_INPUT
     assert result.output.strip() == (
-        f"Error: no store at shm://{tmp_path}: {tmp_path} has no chunks/ and manifests/ folders"
+        f"Error: no store at shm://{tmp_path}: {tmp_path} lacks a store's folders "
+        "(chunks/, manifests/, kv/, leases/)"
     )
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
