@@ -14,15 +14,29 @@ Status code meanings (the contract clients rely on):
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Mapping
 
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
+from grpc._cython import cygrpc
 from grpc_status import rpc_status
 
 DOMAIN = "stalwart.dev"
+
+# What a handler sees when its call is gone and nothing went wrong in it: the client
+# went away or its deadline passed (cancellation; GeneratorExit in a closed stream),
+# or the server stopped under the call (grpc.aio raises its private
+# _ServerStoppedError into a read, write or answer after that). The bootstrap lets
+# these through unlogged and the metrics count them CANCELLED; one tuple, so the
+# two cannot drift apart.
+CALL_GONE: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError,
+    GeneratorExit,
+    *filter(None, [getattr(cygrpc, "_ServerStoppedError", None)]),
+)
 
 # An error's message and each ErrorInfo value travel in the answer's trailing
 # metadata, which gRPC refuses past 8-16 KiB in all: a message echoing a

@@ -9,7 +9,6 @@ tensor or job names).
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -20,7 +19,7 @@ import grpc
 from prometheus_client import Counter, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from stalwart.errors import ErrorKind
+from stalwart.errors import CALL_GONE, ErrorKind
 
 GRPC_SERVER_STARTED = Counter(
     "grpc_server_started_total",
@@ -139,8 +138,8 @@ def failure_code(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.
     if isinstance(exc, grpc.aio.AbortError):
         # abort()/abort_with_status() already recorded the code on the context
         return context.code() or grpc.StatusCode.UNKNOWN
-    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-        return grpc.StatusCode.CANCELLED  # client went away or deadline passed
+    if isinstance(exc, CALL_GONE):
+        return grpc.StatusCode.CANCELLED  # client or server went away, or deadline passed
     return grpc.StatusCode.UNKNOWN
 
 

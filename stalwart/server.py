@@ -36,12 +36,11 @@ from typing import Any, TypeVar
 
 import grpc
 import pydantic
-from grpc._cython import cygrpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from stalwart import limits, log, reflection
 from stalwart.auth import tokens_from_settings
-from stalwart.errors import ErrorKind, StalwartError
+from stalwart.errors import CALL_GONE, ErrorKind, StalwartError
 from stalwart.instrument import WrappingRegistrar
 from stalwart.metrics import RPC_ERRORS, start_metrics_server
 from stalwart.settings import ServiceSettings
@@ -125,12 +124,6 @@ async def _drain(requests) -> None:
         await asyncio.wait_for(rest(), DRAIN_BEFORE_REFUSAL_S)
 
 
-# grpc.aio raises this (a private class) into a handler that reads, writes or answers
-# after the server stopped under its call (a telemetry stream open at shutdown): the
-# call is gone, as when it is cancelled, and no handler went wrong.
-_SERVER_STOPPED = tuple(filter(None, [getattr(cygrpc, "_ServerStoppedError", None)]))
-
-
 @asynccontextmanager
 async def _answer_errors(
     context: grpc.aio.ServicerContext, where: str, requests=None
@@ -145,7 +138,7 @@ async def _answer_errors(
         if requests is not None:
             await _drain(requests)
         await context.abort_with_status(err.to_status())
-    except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit, *_SERVER_STOPPED):
+    except (grpc.aio.AbortError, *CALL_GONE):
         raise  # already answered, or the call is gone
     except Exception as exc:
         RPC_ERRORS.labels(ErrorKind.INTERNAL.reason).inc()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from grpc._cython import cygrpc
 from structlog.testing import capture_logs
 
+from stalwart.metrics import failure_code
 from stalwart.server import rpc_handler
 
 
@@ -46,3 +48,12 @@ def test_a_bug_is_still_answered_internal_and_logged() -> None:
     assert [e["event"] for e in logs if e["log_level"] == "error"] == [
         "unexpected error in handler"
     ]
+
+
+def test_the_metrics_count_a_call_the_server_stopped_under_as_cancelled() -> None:
+    """The metrics and the bootstrap read "the call is gone" from one tuple: the
+    stopped call was quiet in the log but counted UNKNOWN in the handled total."""
+    stopped = cygrpc._ServerStoppedError("Server stopped.")
+    assert failure_code(stopped, _Context()) == grpc.StatusCode.CANCELLED
+    assert failure_code(asyncio.CancelledError(), _Context()) == grpc.StatusCode.CANCELLED
+    assert failure_code(ZeroDivisionError(), _Context()) == grpc.StatusCode.UNKNOWN
