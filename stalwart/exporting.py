@@ -89,7 +89,7 @@ def read_checkpoint(
     pieces = shardmap.build_shard_map(
         shardmap.shapes_of(training.initial_params(resolve(spec), spec.seed)), num_shards
     )
-    with open_store(store_url or manifest.store_url) as store:
+    with open_store(store_url or manifest.store_url, existing=True) as store:
         tensors, _ = ckpt.read_tensors(store, list(manifest.tensors))
     per_shard: list[dict[str, torch.Tensor]] = [{} for _ in range(num_shards)]
     for t in manifest.tensors:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -43,30 +42,16 @@ JOB = typer.Option("", "--job", "-j", help="only this job's checkpoints")
 
 
 def _open(url: str):
-    """The store ``url`` names; a directory store must exist already: opening one makes
-    its folders, and a command that only reads must not leave a store behind (nor put
-    a store's folders into a folder that holds none: a mistyped path did)."""
-    from stalwart.stores import open_store, parse_store_url
+    """The store ``url`` names, which must exist already: opening a new one makes it,
+    and a command that only reads must not leave a store behind (a mistyped folder
+    got a store's folders put into it)."""
+    from stalwart.stores import open_store
 
     try:
-        parsed = parse_store_url(url)
-        if parsed.scheme in ("shm", "file"):
-            _check_folder_store(parsed.redacted, Path(parsed.path))
-        return open_store(url)
+        return open_store(url, existing=True)
     except StalwartError as exc:
         code = ExitCode.UNREACHABLE if exc.kind is ErrorKind.UNAVAILABLE else ExitCode.INVALID_INPUT
         fail(exc.message, code)
-
-
-def _check_folder_store(url: str, root: Path) -> None:
-    from stalwart.stores.fs_store import SUBFOLDERS, holds_store
-
-    if not root.is_dir():
-        fail(f"no store at {url}: {root} is not a folder", ExitCode.INVALID_INPUT)
-    if not holds_store(str(root)):
-        folders = ", ".join(f"{sub}/" for sub in SUBFOLDERS)
-        fail(f"no store at {url}: {root} lacks a store's folders ({folders})",
-             ExitCode.INVALID_INPUT)  # fmt: skip
 
 
 CHECKPOINT_ID = typer.Argument(..., help="checkpoint id, as `stalwart ckpt list` shows it")

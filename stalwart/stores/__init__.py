@@ -40,22 +40,27 @@ __all__ = [
 ]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, existing: bool = False) -> Store:
     """Open the store a URL names.
 
+    Opening makes what a new store needs (a directory store's folders, an Ignite
+    cluster's caches); with ``existing=True`` a store that is not there yet is refused
+    instead, so a command that only reads leaves nothing behind.
+
     Raises StalwartError: INVALID_ARGUMENT for a malformed URL, UNAVAILABLE
-    (naming the URL and the reason) when the backend cannot be reached.
+    (naming the URL and the reason) when the backend cannot be reached, NOT_FOUND
+    with ``existing=True`` when it holds no store.
     Backends are imported on demand, so ``shm://`` needs neither redis nor pyignite.
     """
     parsed = parse_store_url(url)
     if parsed.scheme in ("shm", "file"):
         from stalwart.stores.fs_store import FileStore
 
-        return FileStore.from_url(parsed)
+        return FileStore.from_url(parsed, existing=existing)
     if parsed.scheme in ("redis", "rediss"):
         from stalwart.stores.redis_store import RedisStore
 
-        return RedisStore.from_url(parsed)
+        return RedisStore.from_url(parsed)  # reading creates nothing in redis
     from stalwart.stores.ignite_store import IgniteStore
 
-    return IgniteStore.from_url(parsed)
+    return IgniteStore.from_url(parsed, existing=existing)

@@ -70,6 +70,18 @@ def holds_store(root: str) -> bool:
     return all(os.path.isdir(os.path.join(root, sub)) for sub in SUBFOLDERS)
 
 
+def _require_store(url: str, root: str) -> None:
+    """Refuse, NOT_FOUND, a root that is not a store's folder: opening it would make it one
+    (a mistyped path would put a store's folders into a user's own folder)."""
+    if not os.path.isdir(root):
+        raise StalwartError(ErrorKind.NOT_FOUND, f"no store at {url}: {root} is not a folder")
+    if not holds_store(root):
+        folders = ", ".join(f"{sub}/" for sub in SUBFOLDERS)
+        raise StalwartError(
+            ErrorKind.NOT_FOUND, f"no store at {url}: {root} lacks a store's folders ({folders})"
+        )
+
+
 class FileStore(Store):
     """A store in a local directory; ``durable=True`` fsyncs everything."""
 
@@ -95,7 +107,9 @@ class FileStore(Store):
             ) from e
 
     @classmethod
-    def from_url(cls, parsed: StoreURL) -> FileStore:
+    def from_url(cls, parsed: StoreURL, *, existing: bool = False) -> FileStore:
+        if existing:
+            _require_store(parsed.redacted, parsed.path)
         return cls(parsed.path, durable=parsed.scheme == "file", url=parsed.redacted,
                    budget_bytes=parsed.budget_bytes)  # fmt: skip
 

@@ -91,10 +91,14 @@ _NETWORK_ERRORS = (SocketError, ReconnectError, HandshakeError, OSError, EOFErro
 T = TypeVar("T")
 
 
+def cache_name(name: str) -> str:
+    return f"stalwart_{name}"
+
+
 def cache_config(name: str) -> dict:
     """Thin-client settings for one Stalwart cache."""
     return {
-        PROP_NAME: f"stalwart_{name}",
+        PROP_NAME: cache_name(name),
         PROP_CACHE_MODE: CacheMode.PARTITIONED,
         PROP_BACKUPS_NUMBER: BACKUPS,
         PROP_CACHE_ATOMICITY_MODE: CacheAtomicityMode.ATOMIC,
@@ -105,7 +109,7 @@ def cache_config(name: str) -> dict:
 class IgniteStore(Store):
     """A store in an Ignite cluster reached through its thin-client port(s)."""
 
-    def __init__(self, parsed: StoreURL) -> None:
+    def __init__(self, parsed: StoreURL, *, existing: bool = False) -> None:
         self.url = parsed.redacted
         self.budget_bytes = parsed.budget_bytes
         self._lock = threading.RLock()
@@ -117,11 +121,24 @@ class IgniteStore(Store):
         self._client = Client(partition_aware=self._multi_node, **kwargs)
         with self._errors():
             self._client.connect(list(parsed.hosts))
+            if existing:
+                self._require_caches()
             self._caches = {n: self._client.get_or_create_cache(cache_config(n)) for n in CACHES}
 
     @classmethod
-    def from_url(cls, parsed: StoreURL) -> IgniteStore:
-        return cls(parsed)
+    def from_url(cls, parsed: StoreURL, *, existing: bool = False) -> IgniteStore:
+        return cls(parsed, existing=existing)
+
+    def _require_caches(self) -> None:
+        """Refuse, NOT_FOUND, a cluster without this store's caches: opening it makes them."""
+        present = set(self._client.get_cache_names())
+        missing = [cache_name(n) for n in CACHES if cache_name(n) not in present]
+        if missing:
+            self._client.close()
+            raise StalwartError(
+                ErrorKind.NOT_FOUND,
+                f"no store at {self.url}: the cluster lacks a store's caches ({', '.join(missing)})",
+            )
 
     def _probe(self, parsed: StoreURL) -> None:
         """Fail fast, with the socket's reason, when no listed node accepts TCP."""

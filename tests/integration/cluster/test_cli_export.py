@@ -113,6 +113,15 @@ def test_export_weights_optimizer_state_version_and_checkpoint(local, tmp_path):
     exporting.load_optimizer_state(opt, model, opt_file)
     assert_equal(exporting.state_of(opt, dict(model.named_parameters())), state)
 
+    # a checkpoint read from a folder that holds no store: refused, and no store made there
+    elsewhere = tmp_path / "not-a-store"
+    elsewhere.mkdir()
+    wrong = stalwart("job", "export", job_id, "-o", str(tmp_path / "w.st"), "--checkpoint",
+                     chosen, "--store-url", f"shm://{elsewhere}", *target)  # fmt: skip
+    assert wrong.returncode == EXIT_INVALID_INPUT, wrong.stderr
+    assert f"no store at shm://{elsewhere}" in one_error_line(wrong)
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "w.st").exists()
+
     # a version past the end of an ended job: refused at once (it used to wait 15 s)
     past = stalwart("job", "export", job_id, "-o", str(tmp_path / "p.st"), "--min-version",
                     "5000", *target)  # fmt: skip

@@ -138,3 +138,36 @@ def test_ignite_chunks_survive_the_loss_of_one_node(tmp_path: Path) -> None:
             assert store.get_manifest("job", "c1") == b"manifest"
     finally:
         stop_ignite(tmp_path)
+
+
+def test_reading_an_ignite_cluster_without_a_store_is_refused_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    """`ckpt list` opened the store as a paramserver does, which made the four caches on a
+    cluster that had none: a read-only command left a store behind."""
+    from pyignite import Client
+    from typer.testing import CliRunner
+
+    from stalwart.cli.main import app
+    from stalwart.stores import parse_store_url
+
+    try:
+        url = start_ignite(tmp_path)
+    except BackendUnavailable as e:
+        skip_or_fail(f"no ignite cluster: {e}")
+    try:
+        result = CliRunner().invoke(app, ["ckpt", "list", "-j", "j", "--store-url", url])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (
+            f"Error: no store at {parse_store_url(url).redacted}: the cluster lacks a store's caches "
+            "(stalwart_chunks, stalwart_manifests, stalwart_kv, stalwart_leases)"
+        )
+        client = Client()
+        with client.connect(list(parse_store_url(url).hosts)):
+            assert client.get_cache_names() == []
+        with open_store(url):  # a paramserver's open makes them, and then they are read
+            pass
+        listed = CliRunner().invoke(app, ["ckpt", "list", "-j", "j", "--store-url", url])
+        assert listed.exit_code == 0, listed.output
+    finally:
+        stop_ignite(tmp_path)
