@@ -102,31 +102,28 @@ def live_primary(
     it is a replica like a spare, made a backup of the real primary when one is
     added.
 
-    A claim at the recorded epoch by another node than the recorded primary
-    (``recorded_id``) counts only when that replica holds every job with committed
-    steps on the group (``committed``): a promotion always raises the epoch, so such a
-    claim comes from a fresh replica started as primary, which would serve empty
-    state if adopted (the group is lost instead, and restored from a checkpoint).
+    A claim by another node than the recorded primary (``recorded_id``) counts only
+    when that replica holds every job with committed steps on the group
+    (``committed``), whatever its epoch: a coordinator records its promotions (of a
+    backup that holds the group's jobs), so such a claim comes from a fresh replica started as primary, or
+    from a replica promoted by hand (``stalwart ps promote``, a bare ``Promote`` call),
+    and adopting one that lacks a job would stall that job for good (its trainers
+    cannot register state the group already committed). Its epoch does not make the
+    recorded primary's claim stale either. With nothing committed, or no primary
+    recorded yet, any claim counts.
     The recorded primary's own claim counts unless it comes from a new process
     of that node behind what the group has (``restarted``: its supervisor
     restarted it empty before it was found dead). Its jobs alone cannot tell:
     while a restore loads a checkpoint onto the recorded primary, it holds the
     job only once the load is done."""
-    newest = max([recorded_epoch, *(r.epoch for r in group)])
-    primaries = [
-        r
-        for r in group
-        if r.alive
-        and r.role == "primary"
-        and r.epoch >= newest
-        and not r.restarted
-        and (
-            r.epoch > recorded_epoch
-            or not recorded_id
-            or r.node_id == recorded_id
-            or committed <= r.versions.keys()
-        )
-    ]
+
+    def may_serve(r: ReplicaView) -> bool:
+        return not recorded_id or r.node_id == recorded_id or committed <= r.versions.keys()
+
+    claims = [r for r in group if r.alive and r.role == "primary" and not r.restarted]
+    empty = {r.node_id for r in claims if not may_serve(r)}
+    newest = max([recorded_epoch, *(r.epoch for r in group if r.node_id not in empty)])
+    primaries = [r for r in claims if r.node_id not in empty and r.epoch >= newest]
     return max(primaries, key=lambda r: r.epoch, default=None)
 
 
@@ -142,6 +139,8 @@ def decide(
     state exists); ``wanted``: backups the primary should have (0: every live replica)."""
     primary = live_primary(group, recorded_epoch, primary_id, committed)
     if primary is not None:
+        if _strays(group, primary):
+            return [_above_stray(group, primary)]
         return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)
     if recorded is not None and recorded.alive and not recorded.restarted:
@@ -149,6 +148,24 @@ def decide(
     if not primary_id:
         return []  # no primary known yet (replicas still starting): never promote blindly
     return [choose_promotion(group, committed)]
+
+
+def _strays(group: Sequence[ReplicaView], primary: ReplicaView) -> list[ReplicaView]:
+    """Live claims to primary above ``primary``'s epoch that did not count (they lack the
+    group's jobs: see :func:`live_primary`)."""
+    return [r for r in group if r.alive and r.role == "primary" and r.epoch > primary.epoch]
+
+
+def _above_stray(group: Sequence[ReplicaView], primary: ReplicaView) -> Promote:
+    """The primary promoted again, above every epoch in the group, with its backups.
+
+    A client searching for the primary takes the highest epoch that claims it (and
+    would not go back to a lower one), so while a stray claims a higher epoch a
+    trainer that searched, or an export, went to the stray and found no job. Above it,
+    the stray's claim is stale, as an old primary's is: a spare until one is needed.
+    """
+    epoch = max(r.epoch for r in group) + 1
+    return Promote(primary.node_id, primary.address, epoch, primary.backups)
 
 
 def choose_promotion(

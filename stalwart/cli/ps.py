@@ -75,7 +75,9 @@ def promote(
     """Make a backup the primary under a higher epoch; the old primary is fenced.
 
     The backups are configured at the new epoch first (replicas take an epoch only
-    from such configuration calls, never from the traffic they serve)."""
+    from such configuration calls, never from the traffic they serve). A coordinator
+    leader follows only a replica that holds every job with committed steps on the
+    group; over one that lacks a job it promotes its own primary again, higher."""
     for backup in backups:
         _call(backup, "ConfigureReplica", paramserver.ConfigureReplicaRequest(
             role=common.REPLICA_ROLE_BACKUP, epoch=epoch))  # fmt: skip

@@ -140,6 +140,39 @@ def test_a_fresh_replica_started_as_primary_is_not_adopted_over_committed_jobs()
     assert live_primary(group, 1, "old-p", committed) == group[0]
 
 
+def test_a_spare_promoted_by_hand_without_the_jobs_is_not_adopted() -> None:
+    # `stalwart ps promote` of the group's warm spare, which holds no job, at an epoch
+    # above the group's: adopted, it was given the backup as its own and the job at
+    # step 107 stood still for good (its trainers cannot register committed state)
+    group = [
+        ReplicaView("ps-0a", "a:1", True, "backup", 50, {"j": 107}),
+        ReplicaView("ps-0b", "a:2", True, "primary", 50, {"j": 107}, ("a:1",), in_sync=("a:1",)),
+        ReplicaView("ps-0c", "a:3", True, "primary", 60, {}),
+    ]
+    committed = frozenset({"j"})
+    assert live_primary(group, 50, "ps-0b", committed) == group[1]
+    # the primary is raised above the stray epoch, with its backups: a client that
+    # searched for the primary would otherwise go to the stray (the highest epoch)
+    assert decide(group, "ps-0b", committed, wanted=1, recorded_epoch=50) == [
+        Promote("ps-0b", "a:2", 61, ("a:1",))
+    ]
+    group[1] = ReplicaView("ps-0b", "a:2", True, "primary", 61, {"j": 107}, ("a:1",))
+    group[0] = ReplicaView("ps-0a", "a:1", True, "backup", 61, {"j": 107})
+    assert live_primary(group, 61, "ps-0b", committed) == group[1]
+    assert decide(group, "ps-0b", committed, wanted=1, recorded_epoch=61) == []
+    group[1] = ReplicaView("ps-0b", "a:2", True, "primary", 50, {"j": 107}, ("a:1",))
+    group[0] = ReplicaView("ps-0a", "a:1", True, "backup", 50, {"j": 107})
+    # once the recorded primary dies, its backup takes over above the stray epoch and
+    # the stray primary becomes a backup like any spare
+    group[1] = ReplicaView("ps-0b", "a:2", False, "primary", 50, {"j": 107}, ("a:1",))
+    assert decide(group, "ps-0b", committed, wanted=1, recorded_epoch=50) == [
+        Promote("ps-0a", "a:1", 61, ())
+    ]
+    # promoted by hand while holding the jobs (a backup), it is the primary
+    group[2] = ReplicaView("ps-0c", "a:3", True, "primary", 60, {"j": 107})
+    assert live_primary(group, 50, "ps-0b", committed) == group[2]
+
+
 def test_the_recorded_primary_mid_restore_is_not_replaced() -> None:
     # a restore on command promoted the recorded primary and is loading the checkpoint
     # onto it: it does not hold the job until the load is done
