@@ -143,7 +143,15 @@ def decide(
             return [_above_stray(group, primary)]
         return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)
-    if recorded is not None and recorded.alive and not recorded.restarted:
+    if (
+        recorded is not None
+        and recorded.alive
+        and not recorded.restarted
+        # Fenced, it serves nothing until configured again: a backup was moved to a
+        # higher epoch under it (by hand: `stalwart ps promote -b BACKUP` of another
+        # replica), and waiting for it stalled the group for good.
+        and recorded.role != "fenced"
+    ):
         return []  # recorded primary alive but not (yet) polled as primary: wait
     if not primary_id:
         return []  # no primary known yet (replicas still starting): never promote blindly

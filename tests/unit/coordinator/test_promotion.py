@@ -173,6 +173,25 @@ def test_a_spare_promoted_by_hand_without_the_jobs_is_not_adopted() -> None:
     assert live_primary(group, 50, "ps-0b", committed) == group[2]
 
 
+def test_a_recorded_primary_fenced_under_a_hand_promotion_is_replaced_by_its_backup() -> None:
+    # `stalwart ps promote -a SPARE --epoch 60 -b BACKUP`: the backup, moved to epoch
+    # 60, refused the primary's next update and the primary fenced itself; the
+    # leader waited for it to claim primary again, and the job stood still for good
+    group = [
+        ReplicaView("ps-0a", "a:1", True, "fenced", 1, {"j": 131}, ("a:2",)),
+        ReplicaView("ps-0b", "a:2", True, "backup", 60, {"j": 131}),
+        ReplicaView("ps-0c", "a:3", True, "primary", 60, {}, ("a:2",)),
+    ]
+    committed = frozenset({"j"})
+    assert live_primary(group, 1, "ps-0a", committed) is None
+    assert decide(group, "ps-0a", committed, wanted=1, recorded_epoch=1) == [
+        Promote("ps-0b", "a:2", 61, ())
+    ]
+    # not yet polled as primary (no role): waited for, as before
+    group[0] = ReplicaView("ps-0a", "a:1", True, "", 0, {})
+    assert decide(group, "ps-0a", committed, wanted=1, recorded_epoch=1) == []
+
+
 def test_the_recorded_primary_mid_restore_is_not_replaced() -> None:
     # a restore on command promoted the recorded primary and is loading the checkpoint
     # onto it: it does not hold the job until the load is done
