@@ -124,7 +124,9 @@ def live_primary(
     empty = {r.node_id for r in claims if not may_serve(r)}
     newest = max([recorded_epoch, *(r.epoch for r in group if r.node_id not in empty)])
     primaries = [r for r in claims if r.node_id not in empty and r.epoch >= newest]
-    return max(primaries, key=lambda r: r.epoch, default=None)
+    # at one epoch, the recorded primary before a newcomer claiming the same (a fresh
+    # replica started as primary while the group has no committed job)
+    return max(primaries, key=lambda r: (r.epoch, r.node_id == recorded_id), default=None)
 
 
 def decide(

@@ -192,6 +192,18 @@ def test_a_recorded_primary_fenced_under_a_hand_promotion_is_replaced_by_its_bac
     assert decide(group, "ps-0a", committed, wanted=1, recorded_epoch=1) == []
 
 
+def test_at_one_epoch_the_recorded_primary_is_kept_over_a_newcomer() -> None:
+    # no job committed on the group, so a fresh replica started as primary at the
+    # group's epoch counts too; listed first, it used to win the tie
+    group = [
+        ReplicaView("new-p", "a:3", True, "primary", 1, {}),
+        ReplicaView("p", "a:1", True, "primary", 1, {"done": 40}, ("a:2",)),
+        ReplicaView("b", "a:2", True, "backup", 1, {"done": 40}),
+    ]
+    assert live_primary(group, 1, "p") == group[1]
+    assert live_primary(group) == group[0]  # nothing recorded: either may lead
+
+
 def test_the_recorded_primary_mid_restore_is_not_replaced() -> None:
     # a restore on command promoted the recorded primary and is loading the checkpoint
     # onto it: it does not hold the job until the load is done
