@@ -104,13 +104,13 @@ def live_primary(
 
     A claim by another node than the recorded primary (``recorded_id``) counts only
     when that replica holds every job with committed steps on the group
-    (``committed``), whatever its epoch: a coordinator records its promotions (of a
-    backup that holds the group's jobs), so such a claim comes from a fresh replica started as primary, or
-    from a replica promoted by hand (``stalwart ps promote``, a bare ``Promote`` call),
-    and adopting one that lacks a job would stall that job for good (its trainers
-    cannot register state the group already committed). Its epoch does not make the
-    recorded primary's claim stale either. With nothing committed, or no primary
-    recorded yet, any claim counts.
+    (``committed``), whatever its epoch. A coordinator records its promotions (of a
+    backup that holds the group's jobs), so such a claim comes from a fresh replica
+    started as primary, or from a replica promoted by hand (``stalwart ps promote``,
+    a bare ``Promote`` call); adopting one that lacks a job would stall that job for
+    good (its trainers cannot register state the group already committed). Its epoch
+    does not make the recorded primary's claim stale either. With nothing committed,
+    or no primary recorded yet, any claim counts.
     The recorded primary's own claim counts unless it comes from a new process
     of that node behind what the group has (``restarted``: its supervisor
     restarted it empty before it was found dead). Its jobs alone cannot tell:
