@@ -117,8 +117,14 @@ def live_primary(
     while a restore loads a checkpoint onto the recorded primary, it holds the
     job only once the load is done."""
 
+    # While the recorded primary serves, what it holds counts too: the models of
+    # finished jobs it keeps for export (none is committed any more, and a stray
+    # seen just after a job ended took the group and them with it).
+    serving = [r for r in group if r.node_id == recorded_id and r.alive and r.role == "primary"]
+    held = set(committed).union(*(r.versions.keys() for r in serving if not r.restarted))
+
     def may_serve(r: ReplicaView) -> bool:
-        return not recorded_id or r.node_id == recorded_id or committed <= r.versions.keys()
+        return not recorded_id or r.node_id == recorded_id or held <= r.versions.keys()
 
     claims = [r for r in group if r.alive and r.role == "primary" and not r.restarted]
     empty = {r.node_id for r in claims if not may_serve(r)}

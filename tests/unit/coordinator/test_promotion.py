@@ -151,6 +151,9 @@ def test_a_spare_promoted_by_hand_without_the_jobs_is_not_adopted() -> None:
     ]
     committed = frozenset({"j"})
     assert live_primary(group, 50, "ps-0b", committed) == group[1]
+    # seen only after the job ended (nothing committed any more): the recorded primary
+    # still holds its model for export, so the stray is not adopted either
+    assert live_primary(group, 50, "ps-0b", frozenset()) == group[1]
     # the primary is raised above the stray epoch, with its backups: a client that
     # searched for the primary would otherwise go to the stray (the highest epoch)
     assert decide(group, "ps-0b", committed, wanted=1, recorded_epoch=50) == [
