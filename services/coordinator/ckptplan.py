@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.coordinator.promotion import ReplicaView, live_primary
+from services.coordinator.promotion import ReplicaView, live_primary, next_epoch
 
 _POLLED = ("primary", "backup", "fenced")
 
@@ -117,6 +117,5 @@ def restore_target(group: Sequence[ReplicaView], recorded_epoch: int = 0) -> Res
     if not live:
         return None
     chosen = live_primary(group, recorded_epoch) or max(live, key=lambda r: (r.epoch, r.node_id))
-    epoch = max([recorded_epoch, *(r.epoch for r in group)]) + 1
     backups = tuple(sorted(r.address for r in live if r.node_id != chosen.node_id))
-    return RestoreTarget(chosen.node_id, chosen.address, epoch, backups)
+    return RestoreTarget(chosen.node_id, chosen.address, next_epoch(group, recorded_epoch), backups)

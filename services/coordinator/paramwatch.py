@@ -395,10 +395,10 @@ class ParamWatch:
         c = self.control
         async with c.lock:
             c.require_leader()
-            primary_id = c.groups.get(shard, ("", 0))[0]
+            primary_id, recorded_epoch = c.groups.get(shard, ("", 0))
             group = [dataclasses.replace(r, alive=False) if r.node_id == primary_id else r
                      for r in self.group(shard)]  # fmt: skip
-            decision = promotion.choose_promotion(group, self._committed(shard))
+            decision = promotion.choose_promotion(group, self._committed(shard), recorded_epoch)
         if not isinstance(decision, promotion.Promote):
             log.warning("primary's commit looks wedged; no backup to take over", shard=shard,
                         primary=primary_id)  # fmt: skip

@@ -147,8 +147,8 @@ def decide(
     state exists); ``wanted``: backups the primary should have (0: every live replica)."""
     primary = live_primary(group, recorded_epoch, primary_id, committed)
     if primary is not None:
-        if _strays(group, primary):
-            return [_above_stray(group, primary)]
+        if _stray_above(group, primary):
+            return [_above_stray(group, primary, recorded_epoch)]
         return list(_add_backups(group, primary, wanted))
     recorded = next((r for r in group if r.node_id == primary_id), None)
     if (
@@ -163,16 +163,25 @@ def decide(
         return []  # recorded primary alive but not (yet) polled as primary: wait
     if not primary_id:
         return []  # no primary known yet (replicas still starting): never promote blindly
-    return [choose_promotion(group, committed)]
+    return [choose_promotion(group, committed, recorded_epoch)]
 
 
-def _strays(group: Sequence[ReplicaView], primary: ReplicaView) -> list[ReplicaView]:
-    """Live claims to primary above ``primary``'s epoch that did not count (they lack the
-    group's jobs: see :func:`live_primary`)."""
-    return [r for r in group if r.alive and r.role == "primary" and r.epoch > primary.epoch]
+def next_epoch(group: Sequence[ReplicaView], recorded_epoch: int = 0) -> int:
+    """The epoch a promotion or restore configures: above every epoch seen in the
+    group, dead replicas and the recorded one included, so that every older claim
+    (an old primary back from a partition, a stray) is fenced by it."""
+    return max([recorded_epoch, *(r.epoch for r in group)]) + 1
 
 
-def _above_stray(group: Sequence[ReplicaView], primary: ReplicaView) -> Promote:
+def _stray_above(group: Sequence[ReplicaView], primary: ReplicaView) -> bool:
+    """Whether a live claim to primary above ``primary``'s epoch did not count (it lacks
+    the group's jobs: see :func:`live_primary`)."""
+    return any(r.alive and r.role == "primary" and r.epoch > primary.epoch for r in group)
+
+
+def _above_stray(
+    group: Sequence[ReplicaView], primary: ReplicaView, recorded_epoch: int = 0
+) -> Promote:
     """The primary promoted again, above every epoch in the group, with its backups.
 
     A client searching for the primary takes the highest epoch that claims it (and
@@ -180,12 +189,12 @@ def _above_stray(group: Sequence[ReplicaView], primary: ReplicaView) -> Promote:
     trainer that searched, or an export, went to the stray and found no job. Above it,
     the stray's claim is stale, as an old primary's is: a spare until one is needed.
     """
-    epoch = max(r.epoch for r in group) + 1
-    return Promote(primary.node_id, primary.address, epoch, primary.backups)
+    return Promote(primary.node_id, primary.address, next_epoch(group, recorded_epoch),
+                   primary.backups)
 
 
 def choose_promotion(
-    group: Sequence[ReplicaView], committed: frozenset[str] = frozenset()
+    group: Sequence[ReplicaView], committed: frozenset[str] = frozenset(), recorded_epoch: int = 0
 ) -> Promote | GroupLost:
     candidates = [r for r in group if r.alive and r.role == "backup"]
     # A backup that holds none of the jobs the group served (a fresh replica
@@ -206,9 +215,8 @@ def choose_promotion(
     if not candidates:
         return GroupLost("primary dead and no live backup")
     best = max(candidates, key=progress_key)
-    epoch = max(r.epoch for r in group) + 1
     backups = tuple(sorted(r.address for r in candidates if r.node_id != best.node_id))
-    return Promote(best.node_id, best.address, epoch, backups)
+    return Promote(best.node_id, best.address, next_epoch(group, recorded_epoch), backups)
 
 
 def _add_backups(

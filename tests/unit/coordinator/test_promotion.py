@@ -11,6 +11,7 @@ from services.coordinator.promotion import (
     Promote,
     ReplicaView,
     behind,
+    choose_promotion,
     decide,
     live_primary,
 )
@@ -193,6 +194,19 @@ def test_a_recorded_primary_fenced_under_a_hand_promotion_is_replaced_by_its_bac
     # not yet polled as primary (no role): waited for, as before
     group[0] = ReplicaView("ps-0a", "a:1", True, "", 0, {})
     assert decide(group, "ps-0a", committed, wanted=1, recorded_epoch=1) == []
+
+
+def test_every_promotion_goes_above_the_recorded_epoch_too() -> None:
+    # The recorded epoch can be above every replica polled since (the leader recorded
+    # a promotion whose replica then died, and the others were never at it): a
+    # promotion below it would be refused as stale by clients that saw the record.
+    group = [
+        r("p", "primary", alive=False, epoch=4, version=9, backups=["b:1"]),
+        r("b", "backup", epoch=4, version=9),
+    ]
+    assert decide(group, "p", frozenset({"j"}), recorded_epoch=7) == [Promote("b", "b:1", 8, ())]
+    assert choose_promotion(group, frozenset({"j"}), 7) == Promote("b", "b:1", 8, ())
+    assert choose_promotion(group, frozenset({"j"})) == Promote("b", "b:1", 5, ())
 
 
 def test_at_one_epoch_the_recorded_primary_is_kept_over_a_newcomer() -> None:
