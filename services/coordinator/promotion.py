@@ -189,8 +189,9 @@ def _above_stray(
     trainer that searched, or an export, went to the stray and found no job. Above it,
     the stray's claim is stale, as an old primary's is: a spare until one is needed.
     """
-    return Promote(primary.node_id, primary.address, next_epoch(group, recorded_epoch),
-                   primary.backups)
+    return Promote(
+        primary.node_id, primary.address, next_epoch(group, recorded_epoch), primary.backups
+    )
 
 
 def choose_promotion(
