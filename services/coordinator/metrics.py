@@ -122,7 +122,8 @@ class RecoveryClock:
     - trainer_replaced: a slot handed to a standby (or to a fresh node after its
       holder died); from the holder's death to the job's next committed step.
     - replica_promoted: from the old primary's death (the event's ``previous``
-      attribute) to the promotion.
+      attribute) to the promotion; the primary promoted again (above a stray's
+      epoch) is none.
     - checkpoint_restored: from the shard group's loss to the restore.
     - node_drained: from the drain being asked (:meth:`drain_started`) to drained.
     - leader_elected: a leader's take-over at an epoch above 1 (the first leader a
@@ -169,7 +170,10 @@ class RecoveryClock:
             for start in self.resuming.pop(e.job_id, []):
                 yield Recovered("trainer_replaced", max(0.0, t - start))
         elif k == common.EVENT_KIND_REPLICA_PROMOTED:
-            start = self.dead_at.get(e.attributes.get("previous", ""), t)
+            previous = e.attributes.get("previous", "")
+            if previous == e.node_id:
+                return  # the primary promoted again above a stray claim: nothing was lost
+            start = self.dead_at.get(previous, t)
             yield Recovered("replica_promoted", max(0.0, t - start))
         elif k == common.EVENT_KIND_CHECKPOINT_RESTORED:
             start = self.lost_at.pop(e.job_id, t)

@@ -445,8 +445,10 @@ class ParamWatch:
             c.groups[shard] = (d.node_id, d.epoch)
             self._record_instance(shard, d.node_id)
             c._dirty_groups.add(shard)
+            again = " again (above a stray claim)" if previous == d.node_id else ""
             c.events.add(EV.EVENT_KIND_REPLICA_PROMOTED,
-                         f"paramserver {d.node_id} promoted to primary of shard {shard} at epoch {d.epoch}",
+                         f"paramserver {d.node_id} promoted to primary of shard {shard} at epoch "
+                         f"{d.epoch}{again}",
                          node_id=d.node_id, shard=shard, epoch=d.epoch, previous=previous)  # fmt: skip
             await c._flush()
         log.warning("promoted paramserver", node=d.node_id, shard=shard, epoch=d.epoch)

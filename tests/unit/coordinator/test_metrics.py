@@ -65,6 +65,8 @@ def test_promotion_restore_drain_and_quarantine():
     assert run(
         c, event(EV.EVENT_KIND_REPLICA_PROMOTED, 101.5, node_id="ps-b", previous="ps-a")
     ) == [Recovered("replica_promoted", pytest.approx(1.5))]
+    # the recorded primary promoted again above a stray's epoch is no recovery
+    assert run(c, event(EV.EVENT_KIND_REPLICA_PROMOTED, 102, node_id="ps-b", previous="ps-b")) == []
     run(c, event(EV.EVENT_KIND_NODE_DEAD, 200, "j", shard=0))  # a whole group lost
     assert run(c, event(EV.EVENT_KIND_CHECKPOINT_RESTORED, 204, "j")) == [
         Recovered("checkpoint_restored", pytest.approx(4.0))
