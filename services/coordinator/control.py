@@ -97,6 +97,11 @@ class Control:
         self._forgotten_jobs: set[str] = set()  # ended long enough ago: deleted at the flush
         self._dirty_groups: set[int] = set()
         self._dirty_errors: set[str] = set()  # job ids whose user-error counts changed
+        # a failed flush's events, back at the head of the pending ones: how many, and
+        # what the recovery clock found in them (it must not see them twice)
+        self._events_fed = 0
+        self._found_unwritten: list = []
+        self._store_write: asyncio.Future | None = None  # the flush's write in its thread
         self._requests: dict[str, asyncio.Future] = {}  # request key -> the call in flight
         self.task_errors = taskerrors.TaskErrors()
         # the cluster's recovery counts by kind, as stored (metrics.RecoveryCounts exports
@@ -128,20 +133,30 @@ class Control:
             raise StalwartError(ErrorKind.UNAVAILABLE, "coordination store timed out") from None
 
     async def _flush(self) -> None:
-        """Persist what changed under our epoch, then publish the events."""
+        """Persist what changed under our epoch, then publish the events.
+
+        A write that fails for another reason than a newer leader (the store timed out
+        or refused) loses nothing: what it held stays dirty and its events pending, in
+        order, for the next flush (the next call, or the tick) to write again. Records
+        are written whole and events under their sequence numbers, so writing one twice
+        is harmless; before, the changes were dropped, and the store kept e.g. a job
+        cancelled in memory as running for the next leader."""
         epoch = self.epoch
-        jobs_out = [job_to_proto(self.jobs[j]) for j in sorted(self._dirty_jobs) if j in self.jobs]
+        dirty = _Dirty(set(self._dirty_jobs), set(self._dirty_nodes), set(self._dirty_groups),
+                       set(self._forgotten_nodes), set(self._forgotten_jobs))  # fmt: skip
+        jobs_out = [job_to_proto(self.jobs[j]) for j in sorted(dirty.jobs) if j in self.jobs]
         nodes = self.members.nodes
-        nodes_out = [self.node_proto(nodes[n]) for n in sorted(self._dirty_nodes) if n in nodes]
-        nodes_gone = sorted(n for n in self._forgotten_nodes if n not in nodes)
-        jobs_gone = sorted(j for j in self._forgotten_jobs if j not in self.jobs)
+        nodes_out = [self.node_proto(nodes[n]) for n in sorted(dirty.nodes) if n in nodes]
+        nodes_gone = sorted(n for n in dirty.nodes_gone if n not in nodes)
+        jobs_gone = sorted(j for j in dirty.jobs_gone if j not in self.jobs)
         groups_out = [
             (s, *self.groups.get(s, ("", 0)), s in self.lost_groups, self._primary_instance(s))
-            for s in sorted(self._dirty_groups)
+            for s in sorted(dirty.groups)
         ]
         errors_out = self._errors_out()
         events = self.events.take_pending()
-        found = metrics.outcomes(events)
+        # the first ones came back from a failed flush: the recovery clock has seen them
+        found = self._found_unwritten + metrics.outcomes(events[self._events_fed :])
         recoveries = metrics.counted(self.recoveries, found)
         self._dirty_jobs.clear(), self._dirty_nodes.clear(), self._dirty_groups.clear()
         self._forgotten_nodes.clear(), self._forgotten_jobs.clear()
@@ -164,15 +179,50 @@ class Control:
             self.state.append_events(epoch, events, self.settings.events_kept)
 
         try:
-            await self.io(write)
+            await self._write(write)
         except Fenced as exc:
             await self._fenced(str(exc))
             raise StalwartError(
                 ErrorKind.NOT_LEADER, "deposed: a newer coordinator leads"
             ) from None
+        except BaseException:  # a call cancelled mid-write too: it may not have landed
+            self._keep_unwritten(dirty, [job_id for job_id, _ in errors_out], events, found)
+            raise
+        self._events_fed, self._found_unwritten = 0, []
         self.events.publish(events)
         self.recoveries = recoveries
         metrics.observe(found)
+
+    async def _write(self, write: Callable[[], None]) -> None:
+        """Run a flush's store write in a thread, one at a time. The store timeout gives
+        up waiting, not the thread: a write that outlived it may still land, and a later
+        write started beside it could land first and be overwritten by older records."""
+        timeout = self.settings.store_timeout_seconds
+        running = self._store_write
+        if running is not None and not running.done():
+            done, _ = await asyncio.wait({running}, timeout=timeout)
+            if not done:
+                raise StalwartError(
+                    ErrorKind.UNAVAILABLE, "coordination store timed out (a write still runs)"
+                )
+        self._store_write = asyncio.ensure_future(asyncio.to_thread(write))
+        # its error is raised to the caller below, or nobody waits for it any more
+        self._store_write.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._store_write), timeout)
+        except TimeoutError:
+            raise StalwartError(ErrorKind.UNAVAILABLE, "coordination store timed out") from None
+
+    def _keep_unwritten(self, dirty: _Dirty, errors: list[str], events: list, found: list) -> None:
+        """A failed flush's changes and events, back for the next flush."""
+        self._dirty_jobs |= dirty.jobs
+        self._dirty_nodes |= dirty.nodes
+        self._dirty_groups |= dirty.groups
+        self._forgotten_nodes |= dirty.nodes_gone
+        self._forgotten_jobs |= dirty.jobs_gone
+        self._dirty_errors.update(errors)
+        self.events.put_back(events)
+        self._events_fed, self._found_unwritten = len(events), found
 
     def _errors_out(self) -> list[tuple[str, list]]:
         """(job id, user-error counts) to write ([] drops the key); the counts of a job
@@ -279,6 +329,7 @@ class Control:
                                       for k, g in groups.items() if g.instance}  # fmt: skip
             self.views = {}
             self.events.reset(last)
+            self._events_fed, self._found_unwritten = 0, []
             self.epoch = epoch
             self.events.add(EV.EVENT_KIND_LEADER_ELECTED, f"leader elected at epoch {epoch}",
                             node_id=self.leader.leader_id, epoch=epoch)  # fmt: skip
@@ -710,3 +761,14 @@ def _refuse_forgotten(request_id: str, earlier: RequestRecord) -> None:
 def _still_live(job: jobs.Job) -> bool:
     """Unfinished, or finished with nodes placement has yet to release."""
     return not job.finished or bool(job.holders())
+
+
+@dataclass
+class _Dirty:
+    """What one flush writes: ids of changed records, and of records to delete."""
+
+    jobs: set[str]
+    nodes: set[str]
+    groups: set[int]
+    nodes_gone: set[str]
+    jobs_gone: set[str]

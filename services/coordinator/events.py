@@ -56,3 +56,7 @@ class EventLog(Fanout[common.Event]):
     def take_pending(self) -> list[common.Event]:
         pending, self._pending = self._pending, []
         return pending
+
+    def put_back(self, events: list[common.Event]) -> None:
+        """Events taken by a flush that did not store them: first in line again."""
+        self._pending[:0] = events
