@@ -16,6 +16,10 @@ Set ``--faults`` or ``STALWART_FAULTS`` (same syntax as the trainer's):
   would reach version N + 1 (every slot of step N pushed, none of it forwarded to a
   backup yet) is SIGKILLed there: the step is lost with it, while the job's other
   shard groups commit it.
+- ``slow_commit_at_version=N``: a primary about to commit the step that would reach
+  version N + 1 waits ``SLOW_COMMIT_S`` first, the job's lock held, as a busy
+  machine would: long enough for the client of the push that started the commit to
+  give up on it.
 - ``slow_install_seconds=S``: a backup that receives a job's state from its primary
   (InstallState) holds it S seconds before taking it, as a slow disk or a busy
   machine would: the primary meanwhile has no backup in sync.
@@ -33,7 +37,9 @@ from dataclasses import dataclass, field
 from stalwart import faultspec, log
 
 _KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int, "crash_at_version": int,
-          "crash_before_commit_at_version": int, "slow_install_seconds": float}  # fmt: skip
+          "crash_before_commit_at_version": int, "slow_commit_at_version": int,
+          "slow_install_seconds": float}  # fmt: skip
+SLOW_COMMIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Faults(faultspec.FaultSet):
     hang_commit_at_version: int | None = None
     crash_at_version: int | None = None
     crash_before_commit_at_version: int | None = None
+    slow_commit_at_version: int | None = None
     slow_install_seconds: float | None = None
     fired: set = field(default_factory=set, compare=False, repr=False)
 
@@ -80,6 +87,7 @@ class Faults(faultspec.FaultSet):
         return (
             self.hang_commit_at_version is not None
             or self.crash_before_commit_at_version is not None
+            or self.slow_commit_at_version is not None
         )
 
     async def before_commit(self, model) -> None:
@@ -95,3 +103,9 @@ class Faults(faultspec.FaultSet):
                 "fault fired", fault="hang_commit_at_version", version=model.version
             )
             await asyncio.Event().wait()  # never set: the commit never happens
+        if model.version == self.slow_commit_at_version and "slow_commit" not in self.fired:
+            self.fired.add("slow_commit")
+            log.get_logger("stalwart.faults").warning(
+                "fault fired", fault="slow_commit_at_version", version=model.version
+            )
+            await asyncio.sleep(SLOW_COMMIT_S)  # the fault is the wait itself

@@ -8,6 +8,7 @@ Imports neither the servicer nor checkpointing: both import this module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -213,7 +214,30 @@ class JobHost:
 
     async def commit(self, job: JobRuntime, entries: list[Entry]) -> int:
         """Run one :class:`commit.CommitRound` (caller holds the job's lock): commit on
-        the in-sync backups and here at once, and answer the step's waiters."""
+        the in-sync backups and here at once, and answer the step's waiters.
+
+        The round runs to its outcome even when the call that started it is cancelled
+        (its client gave up or died), and the call holds the lock until then. Cut
+        short, the round left its apply running in a thread after the lock was
+        released, the step's other pushes waiting until their deadline, and backups
+        whose commit was cancelled still counted as holding the step."""
+        round_ = asyncio.ensure_future(self._commit_round(job, entries))
+        try:
+            return await asyncio.shield(round_)
+        except asyncio.CancelledError:
+            # Every wait in a round has a timeout (the backups' acknowledgement), so
+            # this ends; the bound is for a wedged one (the server is stopping under it).
+            deadline = time.monotonic() + self.sync_wait_s
+            while not round_.done() and time.monotonic() < deadline:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({round_}, timeout=deadline - time.monotonic())
+            if not round_.done():
+                round_.cancel()
+            elif not round_.cancelled():
+                round_.exception()  # its outcome is the waiters'; retrieved, not raised
+            raise
+
+    async def _commit_round(self, job: JobRuntime, entries: list[Entry]) -> int:
         if self.faults.at_commit:  # tests only
             await self.faults.before_commit(job.model)
         job_id, base, step = job.model.job_id, job.model.version, entries[0].step
