@@ -296,6 +296,9 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         )
         async with job.lock:
             while True:
+                # again after every wait: configured as a backup meanwhile (the group
+                # failed over under it), this replica must neither apply nor answer
+                self._client(header.epoch)
                 verdict = job.model.judge(header.step, header.slot, header.base_version, crc)
                 if verdict is not Verdict.WAIT:
                     break
@@ -319,6 +322,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 entries = job.model.ready_entries(header.step, header.slot)
             if verdict is Verdict.DUPLICATE or entries is not None:
                 await self._backups_in_sync(job, deadline)
+                self._client(header.epoch)
             action = commit.on_push(
                 verdict, entries is not None, job.model.version,
                 len(self.replicator.synced(job.model.job_id)), self.replicator.required(),
