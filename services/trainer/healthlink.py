@@ -68,7 +68,10 @@ class HealthLink:
                     await asyncio.wait_for(call.write(self._request()), WRITE_TIMEOUT_S)
                     self.sent += 1
                     await asyncio.sleep(self.interval_s)
-            except (grpc.RpcError, grpc.aio.UsageError, TimeoutError) as err:
+            # InvalidStateError: a write on a call the server already ended (it
+            # answered, or stopped); the task ended there, and telemetry with it
+            except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError,
+                    TimeoutError) as err:  # fmt: skip
                 log.warning("telemetry stream to the health service broke", error=str(err))
             finally:
                 with contextlib.suppress(Exception):

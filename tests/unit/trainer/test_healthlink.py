@@ -1,0 +1,55 @@
+"""A trainer's telemetry link opens a new stream whenever the health service ends one.
+
+A server that ends the call (a health service stopping, or answering early) made the
+link's next write raise InvalidStateError, which ended the link's task: the trainer
+sent no telemetry again until it restarted. A real gRPC server here ends every
+stream after its first sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from services.trainer.healthlink import HealthLink
+from stalwart.api import health, health_grpc
+from tests.helpers import assert_eventually_async
+
+
+class _EndsEachStream(health_grpc.HealthMonitorServiceServicer):
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def StreamTelemetry(self, request_iterator, context):
+        self.streams += 1
+        async for _ in request_iterator:
+            return health.StreamTelemetryResponse()  # one sample, then the call ends
+        return health.StreamTelemetryResponse()
+
+
+async def _streams_after_ends() -> int:
+    servicer = _EndsEachStream()
+    server = grpc.aio.server()
+    health_grpc.add_HealthMonitorServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    link = HealthLink(
+        lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
+        lambda: "trainer-x", lambda: {"cpu": 1.0}, lambda: 0, interval_s=0.01,
+    )  # fmt: skip
+    link.start()
+    try:
+        await assert_eventually_async(lambda: _at_least(servicer, 3), timeout=30)
+    finally:
+        await link.stop()
+        await server.stop(None)
+    return servicer.streams
+
+
+async def _at_least(servicer: _EndsEachStream, n: int) -> bool:
+    return servicer.streams >= n
+
+
+def test_a_stream_the_server_ended_is_opened_again() -> None:
+    assert asyncio.run(_streams_after_ends()) >= 3
