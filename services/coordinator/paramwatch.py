@@ -501,7 +501,11 @@ class ParamWatch:
                     if await c.checkpoints.list(job.job_id):
                         saved.add(job.job_id)
                 except StalwartError as exc:
-                    log.warning("checkpoint store unreadable", job=job.job_id, error=str(exc))
+                    # FAILED is final: a job whose checkpoints could not be listed
+                    # may have one. Nothing is decided; the next poll round asks again.
+                    log.warning("checkpoint store unreadable; the lost group's jobs wait",
+                                shard=shard, job=job.job_id, error=str(exc))  # fmt: skip
+                    return
         async with c.lock:
             c.require_leader()
             now = time.time()
