@@ -99,6 +99,9 @@ class JobState:
     finished: bool = False
     registered: bool = False  # RegisterModel answered through the current client
     prefetched: bool = False  # the model holds the version the last push committed
+    # a pull that outlasted one wait of :meth:`Worker._pull` and goes on (a large
+    # model's transfer): (the version it waits for, its task), taken up by the next call
+    pull_under_way: tuple[int, asyncio.Future] | None = None
     last_compute_s: float | None = None  # how long the last slot's compute took
     # async and ssp: per slot held, the step its next push carries (the count of its
     # pushes applied); learnt from the paramserver when the slot is first pushed
@@ -304,6 +307,8 @@ class Worker:
 
     async def _drop_job(self) -> None:
         if self.job is not None:
+            if self.job.pull_under_way is not None:
+                await _abandon(self.job.pull_under_way[1])
             await self.job.client.close()
             self.job = None
 
@@ -313,17 +318,26 @@ class Worker:
         """Bring the model to ``min_version`` or later; False if the assignment changed first.
         ``started``: a pull already under way (the prefetch of :meth:`_step`)."""
         job = self.job
-        pull = started or asyncio.ensure_future(self._pull_consistent(job, min_version))
+        pull = started or await _pull_taken_up(job, min_version)
+        pull = pull or asyncio.ensure_future(self._pull_consistent(job, min_version))
         changed = asyncio.ensure_future(self.changed.wait())
         try:
             await asyncio.wait({pull, changed}, timeout=self.poll_s, return_when="FIRST_COMPLETED")
+        except BaseException:
+            await _abandon(pull)  # read-only: safe to abandon
+            raise
         finally:
             changed.cancel()
-            if not pull.done():
-                pull.cancel()  # read-only: safe to abandon
-                with contextlib.suppress(asyncio.CancelledError, RpcError):
-                    await pull
-        if pull.cancelled() or not pull.done():
+        if not pull.done():
+            if self.changed.is_set() or self.stopping:
+                await _abandon(pull)
+            else:
+                # Still under way after poll_s: the caller looks at its assignment and
+                # comes back for it. Started again, a model whose transfer takes longer
+                # than poll_s was never loaded at all.
+                job.pull_under_way = (min_version, pull)
+            return False
+        if pull.cancelled():
             return False
         return pull.result()
 
@@ -691,6 +705,18 @@ def _followed_by_old_client(old_map: bytes, new: coordinator.GetShardMapResponse
     was, now = old.groups[0], new.groups[0]
     known = (was.primary_address, *was.backup_addresses)
     return bool(now.primary_address) and now.primary_address in known
+
+
+async def _pull_taken_up(job: JobState, min_version: int) -> asyncio.Future | None:
+    """The pull left under way for ``min_version`` (abandoned if it waits for another)."""
+    under_way, job.pull_under_way = job.pull_under_way, None
+    if under_way is None:
+        return None
+    version, pull = under_way
+    if version == min_version and not pull.cancelled():
+        return pull
+    await _abandon(pull)
+    return None
 
 
 async def _abandon(task: asyncio.Future) -> None:
