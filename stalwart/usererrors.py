@@ -37,6 +37,22 @@ _NOT_USER = tuple(
 )
 
 
+# What a machine's accelerator or memory raises rather than the job's code: torch's
+# types for a full or broken GPU, and the messages of its allocators and drivers (a
+# CUDA error is a plain RuntimeError). One trainer's report of one says nothing
+# about the job: the same model ran elsewhere (services/coordinator/taskerrors.py).
+MACHINE_ERROR_TYPES = frozenset({"OutOfMemoryError", "AcceleratorError"})
+MACHINE_MESSAGE_MARKS = (
+    "CUDA error", "CUDA out of memory", "CUBLAS_STATUS", "cuDNN error", "HIP error",
+    "DefaultCPUAllocator: can't allocate memory", "more memory than this one has available",
+)  # fmt: skip
+
+
+def machine_fault(error_type: str, message: str) -> bool:
+    """Whether an error is one a machine's device or memory raises (see above)."""
+    return error_type in MACHINE_ERROR_TYPES or any(m in message for m in MACHINE_MESSAGE_MARKS)
+
+
 class UserCodeError(Exception):
     """User code raised; ``location`` is "file:line in function" of the user's frame."""
 

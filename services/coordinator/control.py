@@ -31,6 +31,7 @@ from services.coordinator.membership import Membership, NodeRecord, NodeState, R
 from services.coordinator.promotion import ReplicaView
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.statestore import Fenced, RequestRecord, StateStore
+from stalwart import limits
 from stalwart.api import common
 from stalwart.errors import ErrorKind, StalwartError
 
@@ -440,15 +441,22 @@ class Control:
                     "(their slots move to others); a replica of another service is taken "
                     "out by stopping it, and its group or election replaces it",
                 )
-            if drain.decide_drain(node.state) is drain.DrainDecision.START:
-                node.state = NodeState.DRAINING
-                self._dirty_nodes.add(node_id)
-                self._drain_reasons[node_id] = reason
-                metrics.drain_started(node_id)  # a recovery's start: node_drained
-                log.info("draining", node=node_id, reason=reason)
+            if self._start_drain(node, reason):
                 self._reconcile(time.time())
                 await self._flush()
             return node
+
+    def _start_drain(self, node: NodeRecord, reason: str) -> bool:
+        """Mark a trainer DRAINING (the caller reconciles, which moves its work); False
+        when it is draining, drained or out of service already."""
+        if drain.decide_drain(node.state) is not drain.DrainDecision.START:
+            return False
+        node.state = NodeState.DRAINING
+        self._dirty_nodes.add(node.node_id)
+        self._drain_reasons[node.node_id] = reason
+        metrics.drain_started(node.node_id)  # a recovery's start: node_drained
+        log.info("draining", node=node.node_id, reason=reason)
+        return True
 
     async def undrain_node(self, node_id: str, release_quarantine: bool = False) -> NodeRecord:
         """Return a draining or drained node (a quarantined one with
@@ -598,14 +606,28 @@ class Control:
                 return job
             log.warning("user code failed", job=job_id, node=error.node_id, phase=error.phase,
                         step=error.step, slot=error.slot, error=error.message)  # fmt: skip
-            reason = self.task_errors.record(job_id, error)
+            movable = self._another_trainer(error.node_id)
+            reason = self.task_errors.record(job_id, error, movable)
             self._dirty_errors.add(job_id)  # counted in the store too: a new leader goes on
+            now = time.time()
             if reason is not None:
-                now = time.time()
                 self._advance(job, jobs.Fail(reason), now)  # _flush forgets the counts
                 self._reconcile(now)
+            elif error.machine_fault and movable:  # that machine's, until another says so
+                node = self.members.nodes[error.node_id]
+                if self._start_drain(node, f"its device failed: {error.error_type}: "
+                                           f"{error.message}"[: limits.MAX_REASON]):  # fmt: skip
+                    self._reconcile(now)
             await self._flush()
             return job
+
+    def _another_trainer(self, node_id: str) -> bool:
+        """Whether a trainer other than ``node_id`` is in service (could take its work)."""
+        return any(
+            n.role is Role.TRAINER and n.leased and n.state is NodeState.ALIVE
+            and n.node_id != node_id
+            for n in self.members.nodes.values()
+        )  # fmt: skip
 
     def _advance(self, job: jobs.Job, event: jobs.Event, now: float) -> None:
         old_step = job.step

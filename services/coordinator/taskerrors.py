@@ -11,6 +11,14 @@ disk under the dataset), so one report only counts; the job fails when
 - one trainer reports it three times for the same slot and step (a job with
   one trainer and no standby has nobody else to ask).
 
+An error a machine's device or memory raises (``usererrors.machine_fault``: a GPU out
+of memory or broken, a host allocator out of memory) is that machine's as much as
+the job's. While another trainer could take the reporter's work (``movable``), such
+a report never fails the job by itself, at import either: the reporter is drained
+instead (``Control.task_error``), its slots move, and the job fails only when a
+second trainer reports the same error. Before, one trainer's full GPU failed the
+job at its import, or after three tries at a step.
+
 The leader keeps the counts of each active job in the coordination store too
 (``entries``/``load``, key ``usererrors/<job>``), so a new leader goes on counting
 where the old one stopped: two trainers' reports fail the job even when a
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from stalwart import usererrors
 
 REPEATS_ON_ONE_TRAINER = 3
 REMEMBERED = 10_000  # (job, step, error) entries kept, oldest dropped first
@@ -38,6 +48,10 @@ class TaskError:
 
     def signature(self) -> tuple[str, str, str, str]:
         return (self.phase, self.error_type, self.message, self.location)
+
+    @property
+    def machine_fault(self) -> bool:
+        return usererrors.machine_fault(self.error_type, self.message)
 
     def describe(self) -> str:
         where = f" at {self.location}" if self.location else ""
@@ -61,9 +75,11 @@ class TaskErrors:
         self.remembered = remembered
         self._seen: OrderedDict[tuple, _Seen] = OrderedDict()
 
-    def record(self, job_id: str, error: TaskError) -> str | None:
-        """Count one report; the job's failure reason when it should fail now, else None."""
-        if error.phase == "import":
+    def record(self, job_id: str, error: TaskError, movable: bool = False) -> str | None:
+        """Count one report; the job's failure reason when it should fail now, else None.
+        ``movable``: another trainer could take the reporter's work (see above)."""
+        by_machine = error.machine_fault and movable
+        if error.phase == "import" and not by_machine:
             return error.describe()
         key = (job_id, error.step, error.signature())
         seen = self._seen.get(key)
@@ -76,7 +92,7 @@ class TaskErrors:
         seen.per_slot[at] = seen.per_slot.get(at, 0) + 1
         if len(seen.nodes) >= 2:
             return error.describe() + f" (on {len(seen.nodes)} trainers)"
-        if seen.per_slot[at] >= self.repeats:
+        if seen.per_slot[at] >= self.repeats and not by_machine:
             return error.describe() + f" ({seen.per_slot[at]} times on {error.node_id})"
         return None
 

@@ -13,6 +13,9 @@ Set ``--faults`` or ``STALWART_FAULTS`` to comma-separated ``name=value`` pairs:
 - ``flip_bit_at_step=N``: flip one bit (a float32's top mantissa bit: finite, off by
   up to half) in the gradient of step N after computing it, as silent data
   corruption would; only duplicate computation can tell.
+- ``device_full_from_step=N``: computing step N, and every step after it, raises
+  what torch raises for a GPU out of memory (``torch.cuda.OutOfMemoryError``), as a
+  device another process filled would: this machine's fault, not the job's.
 - ``heat_from_step=N``: from step N on, the reported ``gpu_temperature_celsius``
   climbs 5 C per step from 70 C (65 C before N), and each step computed takes
   ``HEAT_THROTTLE_S`` longer, as a hot GPU slows its clocks: a node the health
@@ -44,6 +47,7 @@ _KNOWN = {
     "delay_s": float,
     "flip_bit_at_step": int,
     "heat_from_step": int,
+    "device_full_from_step": int,
 }
 
 
@@ -57,6 +61,7 @@ class Faults(faultspec.FaultSet):
     delay_s: float = 0.0
     flip_bit_at_step: int | None = None
     heat_from_step: int | None = None
+    device_full_from_step: int | None = None
     # faults that do not end the process remember firing, so a recomputed step is clean
     fired: set = field(default_factory=set, compare=False, repr=False)
 
@@ -81,6 +86,18 @@ class Faults(faultspec.FaultSet):
             )
             while True:  # until killed; the heartbeat thread keeps running
                 time.sleep(3600)
+
+    def in_compute(self, step: int) -> None:
+        """Called inside the step's compute, where the model's own errors are caught."""
+        if self.device_full_from_step is not None and step >= self.device_full_from_step:
+            import torch  # only when the fault is on
+
+            log.get_logger("stalwart.faults").warning(
+                "fault fired", fault="device_full_from_step", step=step
+            )
+            raise torch.cuda.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB (device_full_from_step)"
+            )
 
     def corrupt(self, step: int, grads) -> None:
         """Called with the gradient of ``step`` computed (before any check of it)."""

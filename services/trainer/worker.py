@@ -199,7 +199,11 @@ class Worker:
         logger.error("user code failed", job=assignment.job_id, phase=err.phase, slot=err.slot,
                      step=err.step, error_type=err.error_type, error=err.message,
                      location=err.location)  # fmt: skip
-        if err.phase == usererrors.IMPORT:
+        # a model that does not import here will not on a retry, unless this machine's
+        # device or memory was at fault (the leader then drains this trainer)
+        if err.phase == usererrors.IMPORT and not usererrors.machine_fault(
+            err.error_type, err.message
+        ):
             self.finished_jobs.add(assignment.job_id)
         if self.on_user_error is not None:
             try:
@@ -638,6 +642,7 @@ class Worker:
         for attempt in range(ABFT_RETRIES + 1):
             try:
                 with usererrors.user_code(usererrors.STEP, slot=slot, step=step):
+                    self.faults.in_compute(step)
                     return training.compute_step(job.task, job.model, slot, step, job.spec)
             except abft.AbftError as err:
                 sdc.DETECTIONS.labels("abft").inc()

@@ -58,3 +58,38 @@ def test_memory_is_bounded_and_forgotten_per_job():
     assert errors.record("j", err("b", step=4)) is not None
     errors.forget("j")
     assert errors.record("j", err("b", step=4)) is None
+
+
+def gpu_full(node: str, phase: str = "step") -> TaskError:
+    message = "CUDA out of memory. Tried to allocate 2.00 GiB"
+    return TaskError(node, 0, 3 if phase == "step" else -1, phase, "OutOfMemoryError", message)
+
+
+@pytest.mark.parametrize("phase", ["step", "import"])
+def test_a_machine_fault_fails_the_job_only_when_a_second_trainer_reports_it(phase):
+    errors = TaskErrors(repeats=3)
+    # another trainer could take the work: the reporter is drained, the job goes on
+    assert [errors.record("j", gpu_full("a", phase), movable=True) for _ in range(5)] == [None] * 5
+    assert "(on 2 trainers)" in errors.record("j", gpu_full("b", phase), movable=True)
+
+
+def test_a_machine_fault_with_nobody_to_take_over_counts_as_before():
+    assert TaskErrors().record("j", gpu_full("a", "import")).startswith("the model cannot")
+    errors = TaskErrors(repeats=3)
+    assert [errors.record("j", gpu_full("a")) for _ in range(2)] == [None, None]
+    assert errors.record("j", gpu_full("a")).endswith("(3 times on a)")
+
+
+@pytest.mark.parametrize(
+    ("error_type", "message", "machine"),
+    [
+        ("OutOfMemoryError", "CUDA out of memory. Tried to allocate 20.00 MiB", True),
+        ("AcceleratorError", "CUDA error: an illegal memory access was encountered", True),
+        ("RuntimeError", "CUDA error: uncorrectable ECC error encountered", True),
+        ("RuntimeError", "DefaultCPUAllocator: can't allocate memory: you tried 8 GB", True),
+        ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)", False),
+        ("ValueError", "boom", False),
+    ],
+)
+def test_what_counts_as_a_machine_fault(error_type, message, machine):
+    assert TaskError("a", 0, 3, "step", error_type, message).machine_fault is machine
