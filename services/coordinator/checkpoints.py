@@ -102,6 +102,9 @@ class Checkpoints:
         self._marks: dict[str, _Marks] = {}  # by job id
         self._restore_lock = asyncio.Lock()
         self._restoring: asyncio.Task | None = None
+        # jobs restored since their groups were lost, while another job of those
+        # groups still waits for its restore (it failed, and is tried again)
+        self._restored_after_loss: set[str] = set()
 
     # --- stores ---------------------------------------------------------------------
 
@@ -480,28 +483,63 @@ class Checkpoints:
             self._restoring = asyncio.create_task(self._restore_lost(ready))
 
     async def _restore_lost(self, shards: Sequence[int]) -> None:
+        """Restore every job of the lost groups. The groups stay lost until each job is
+        restored (or failed: committed steps and no verified checkpoint), so one that
+        failed is tried again at the next round; before, the first job restored cleared
+        the groups and a second whose restore failed was never tried again, and a job
+        without a checkpoint listed first held back every job after it."""
         affected = sorted(
             j.job_id
             for j in self.c.live_jobs.values()
             if not j.finished and any(k < j.num_shards for k in shards)
-        )
+            and j.job_id not in self._restored_after_loss
+        )  # fmt: skip
+        why = f"every replica of shard group(s) {list(shards)} lost"
+        waiting = False
         for job_id in affected:
             try:
-                await self.restore(
-                    job_id, "", f"every replica of shard group(s) {list(shards)} lost"
-                )
+                await self.restore(job_id, "", why, clear_lost=False)
+                self._restored_after_loss.add(job_id)
             except (StalwartError, RpcError) as exc:
-                log.warning("restore after loss failed; retrying", job=job_id, error=str(exc))
-                return
+                if not await self._unrestorable(job_id, exc, why):
+                    log.warning("restore after loss failed; retrying", job=job_id, error=str(exc))
+                    waiting = True
+        if waiting:
+            return
+        self._restored_after_loss.clear()
         async with self.c.lock:
             for shard in shards:
-                if shard in self.c.lost_groups:  # no job left to restore on it
+                if shard in self.c.lost_groups:
                     self.c.lost_groups.discard(shard)
                     self.c._dirty_groups.add(shard)
             await self.c._flush()
 
-    async def restore(self, job_id: str, checkpoint_id: str, why: str) -> jobs.Job:
-        """Load a checkpoint (by id, or the newest verified) into every shard group."""
+    async def _unrestorable(self, job_id: str, exc: Exception, why: str) -> bool:
+        """A job the loss left nothing to restore from: none of its steps committed
+        (its trainers register it afresh), or no verified checkpoint (failed: its
+        committed steps existed only on the lost replicas). True when it was either."""
+        if getattr(exc, "kind", None) is not ErrorKind.FAILED_PRECONDITION:
+            return False
+        async with self.c.lock:
+            job = self.c.jobs.get(job_id)
+            if job is None or job.finished:
+                return True
+            if job.step == 0 and "no verified checkpoint" in str(exc):
+                return True
+            if "no verified checkpoint" not in str(exc):
+                return False
+            self.c.require_leader()
+            self.c._advance(job, jobs.Fail(f"{why} and no verified checkpoint"), time.time())
+            self.c._reconcile(time.time())
+            await self.c._flush()
+            return True
+
+    async def restore(
+        self, job_id: str, checkpoint_id: str, why: str, clear_lost: bool = True
+    ) -> jobs.Job:
+        """Load a checkpoint (by id, or the newest verified) into every shard group;
+        ``clear_lost``: its groups are no longer lost (the restore of the lost groups'
+        jobs clears them once every job of them is restored)."""
         async with self._restore_lock, self._job_lock(job_id):
             async with self.c.lock:
                 job = self.c.job(job_id)
@@ -538,7 +576,8 @@ class Checkpoints:
                 now = time.time()
                 for shard, t in plan:
                     self.c.groups[shard] = (t.node_id, t.epoch)
-                    self.c.lost_groups.discard(shard)
+                    if clear_lost:
+                        self.c.lost_groups.discard(shard)
                     self.c._dirty_groups.add(shard)
                 self.c.restore_generation += 1
                 self.c._advance(job, jobs.Rewind(manifest.step), now)
