@@ -569,11 +569,14 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
     async def DeleteModel(self, request, context):
         if self.replica.role is Role.PRIMARY:
             self._client(request.epoch)
-            await self.replicator.delete(request.job_id)
         else:
             self._from_primary(request.epoch)
+        # gone here first: while the backups' deletes were awaited, the resync loop saw
+        # a backup already cleared as out of sync and installed the job there again
         deleted = self.jobs.pop(request.job_id, None) is not None
         self.histories.jobs.pop(request.job_id, None)
+        if self.replica.role is Role.PRIMARY:
+            await self.replicator.delete(request.job_id)
         return paramserver.DeleteModelResponse(deleted=deleted)
 
     # --- checkpoints (services/paramserver/checkpointing.py) ----------------------
@@ -639,6 +642,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                     if not await self.replicator.answers(address):
                         continue  # hung or gone: try again next round, outside the lock
                     async with job.lock:
+                        if self.jobs.get(job.model.job_id) is not job:
+                            break  # deleted (or replaced) meanwhile: nothing to install
                         if address in self.replicator.synced(job.model.job_id):
                             continue  # a commit or registration synced it meanwhile
                         try:
