@@ -155,6 +155,7 @@ class BackupSide:
         if previous is not None:  # pushes forwarded meanwhile are still good: CRCs check them
             model.pending.update(previous.model.pending)
             runtime.fingerprint_at = previous.fingerprint_at
+            runtime.fingerprint_waiting = previous.fingerprint_waiting
         self.host.jobs[model.job_id] = runtime
         async with runtime.lock:
             await runtime.settle_fingerprints()

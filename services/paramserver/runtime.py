@@ -65,6 +65,9 @@ class JobRuntime:
     pull_cache: tuple | None = None  # (version, names, chunk size, header, chunks)
     # GetFingerprint(at_version) callers, answered when a commit reaches that version
     fingerprint_at: dict[int, asyncio.Future] = field(default_factory=dict)
+    # how many callers wait for each mark: one nobody waits for any more is dropped
+    # (a caller asking for versions far ahead, then giving up, piled them up)
+    fingerprint_waiting: dict[int, int] = field(default_factory=dict)
     # taken from a RegisterModel here (initial weights): its installs say so, and a
     # backup that holds the job further along refuses them
     fresh: bool = False
@@ -82,11 +85,23 @@ class JobRuntime:
         return fut
 
     def fingerprint_mark(self, version: int) -> asyncio.Future:
+        """The mark a caller waits on for ``version``; give it back with
+        :meth:`release_fingerprint_mark` when done waiting, answered or not."""
         fut = self.fingerprint_at.get(version)
         if fut is None:
             fut = self.fingerprint_at[version] = asyncio.get_running_loop().create_future()
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.fingerprint_waiting[version] = self.fingerprint_waiting.get(version, 0) + 1
         return fut
+
+    def release_fingerprint_mark(self, version: int, mark: asyncio.Future) -> None:
+        left = self.fingerprint_waiting.get(version, 1) - 1
+        if left > 0:
+            self.fingerprint_waiting[version] = left
+            return
+        self.fingerprint_waiting.pop(version, None)
+        if self.fingerprint_at.get(version) is mark:
+            del self.fingerprint_at[version]  # unanswered, and nobody waits for it
 
     async def settle_fingerprints(self) -> None:
         """Answer the marks this version reaches or passes (caller holds the lock).

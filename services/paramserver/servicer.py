@@ -493,6 +493,8 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
                 raise StalwartError(
                     ErrorKind.DEADLINE_EXCEEDED, f"version {at} not reached in time"
                 ) from None
+            finally:
+                job.release_fingerprint_mark(at, mark)
             version = at
         return paramserver.GetFingerprintResponse(
             version=version,
