@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import structlog
@@ -477,6 +478,24 @@ class ShardGroupClient:
             raise RpcError.from_grpc(exc) from None
 
 
+T = TypeVar("T")
+
+
+async def _each_group(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Every group's answer, in order. The first call to fail cancels the others, and
+    they are waited for, before its error is raised: left running, a group's push
+    went on retrying through failover for a minute after the caller had given up
+    on the step, holding that replica's push stream."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 class ParamServerClient:
     """All shard groups of a job's parameters, routed by the deterministic shard map."""
 
@@ -528,7 +547,7 @@ class ParamServerClient:
             )
             await group.register_model(header, list(pieces.values()))
 
-        await asyncio.gather(*(one(g, p) for g, p in zip(self.groups, per_shard, strict=True)))
+        await _each_group(one(g, p) for g, p in zip(self.groups, per_shard, strict=True))
 
     async def push(
         self,
@@ -543,13 +562,9 @@ class ParamServerClient:
         """``loss``: the slot's training loss, kept in the job's metric history;
         ``answer_parameters``: see :meth:`ShardGroupClient.push` and :meth:`carried`."""
         per_shard = shardmap.split(grads, self.pieces, self.num_shards)
-        return list(
-            await asyncio.gather(
-                *(
-                    g.push(job_id, step, slot, base_version, p, loss, answer_parameters)
-                    for g, p in zip(self.groups, per_shard, strict=True)
-                )
-            )
+        return await _each_group(
+            g.push(job_id, step, slot, base_version, p, loss, answer_parameters)
+            for g, p in zip(self.groups, per_shard, strict=True)
         )
 
     def carried(self, results: Sequence[PushResult]):
@@ -577,8 +592,8 @@ class ParamServerClient:
     ):
         """Returns (version per shard, full tensors that changed); with ``optimizer_state``
         the optimizer's tensors too, as ``<param>/<key>`` (shardmap.join_state)."""
-        results = await asyncio.gather(
-            *(g.pull(job_id, since_version, min_version, optimizer_state) for g in self.groups)
+        results = await _each_group(
+            g.pull(job_id, since_version, min_version, optimizer_state) for g in self.groups
         )
         return self._joined(results, optimizer_state)
 
