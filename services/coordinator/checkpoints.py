@@ -56,6 +56,7 @@ log = structlog.get_logger(__name__)
 
 STATUS_TIMEOUT_S = 1.0
 PAST_RETRIES = 5  # on-command orders re-aimed when a commit overtook them
+PAST_AHEAD = 2  # steps further ahead each re-aimed order is
 # A periodic order waits this long for the job to reach its version, then is aimed
 # again: a slow job is not counted as a failed order (which skips a mark), and a job
 # that stopped short of the version is checkpointed where it stands (ckptplan)
@@ -262,14 +263,21 @@ class Checkpoints:
         for attempt in range(PAST_RETRIES):
             async with self.c.lock:
                 targets = self._primaries(self.c.job(job_id))
-            at = await self._version(job_id, targets, highest=True)
+            # A commit overtook the last order (the job moves a step while the order
+            # is prepared): aimed further ahead each time, where the primaries wait for
+            # it. Aimed at the version held again, a fast job overtook all five.
+            at = await self._version(job_id, targets, highest=True) + PAST_AHEAD * attempt
             try:
                 return await self.save(job_id, at)
             except RpcError as exc:
-                # a commit overtook the order: aim at the version after it
-                if exc.kind is not ErrorKind.FAILED_PRECONDITION or attempt == PAST_RETRIES - 1:
+                if exc.kind is not ErrorKind.FAILED_PRECONDITION:
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
+                last = exc
+        raise StalwartError(
+            ErrorKind.UNAVAILABLE,
+            f"job {job_id} moved past every version asked ({PAST_RETRIES} tries, the last: "
+            f"{last.message}); try again",
+        )
 
     def _primaries(self, job: jobs.Job) -> list[tuple[int, str, int]]:
         """(shard, address, epoch) of each shard group's live primary; UNAVAILABLE if one has none."""

@@ -137,3 +137,33 @@ def test_an_order_on_command_still_says_why_it_cannot_be_taken(tmp_path) -> None
 )
 def test_job_version(versions, highest, want) -> None:
     assert ckptplan.job_version(versions, highest) == want
+
+
+class _Moving(_Primary):
+    """A primary whose job commits a step between any two calls: an order aimed at the
+    version it answered is always overtaken."""
+
+    async def GetReplicaStatus(self, request, timeout):  # noqa: N802 (the RPC's name)
+        answer = await super().GetReplicaStatus(request, timeout)
+        self.version += 1
+        return answer
+
+    async def SaveCheckpoint(self, request, timeout):  # noqa: N802 (the RPC's name)
+        self.saves.append(request.at_version)
+        if request.at_version < self.version:
+            raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
+                           f"job is at version {self.version}, past the asked "
+                           f"{request.at_version}")  # fmt: skip
+        self.version = request.at_version  # it waited until the job got there
+        return paramserver.SaveCheckpointResponse(
+            shard=common.ShardState(shard=0, version=self.version)
+        )
+
+
+def test_an_order_on_command_overtaken_is_aimed_further_ahead(tmp_path) -> None:
+    primary = _Moving(version=20)
+    primary.held.append("j")
+    checkpoints = _checkpoints(tmp_path, primary)
+    manifest = asyncio.run(checkpoints.create("j"))
+    assert primary.saves[0] == 20 and len(primary.saves) == 2  # overtaken once, not again
+    assert manifest.step == primary.saves[-1] > 21
