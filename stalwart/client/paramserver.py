@@ -268,10 +268,18 @@ class ShardGroupClient:
             raise RpcError.from_grpc(exc) from None
 
     async def discover(self) -> str:
-        """Ask every replica; the primary with the highest epoch wins."""
-        primaries = [(a, st.epoch) for a, st in await self._answers() if _is_primary(st)]
+        """Ask every replica; the primary with the highest epoch wins. One below the epoch
+        this client knows (from a search before, or the shard map) is a deposed primary
+        that does not know it yet: taken, it served its old state, and this client's
+        epoch went back to its, so its own refusal of an older epoch was lost too."""
+        primaries = [
+            (a, st.epoch)
+            for a, st in await self._answers()
+            if _is_primary(st) and st.epoch >= self.epoch
+        ]
         if not primaries:
-            raise RpcError(grpc.StatusCode.UNAVAILABLE, f"no primary among {self.addresses}")
+            raise RpcError(grpc.StatusCode.UNAVAILABLE,
+                           f"no primary at epoch {self.epoch} or later among {self.addresses}")  # fmt: skip
         self.primary, self.epoch = max(primaries, key=lambda answer: answer[1])
         return self.primary
 
