@@ -109,6 +109,14 @@ def model_header(
     )
 
 
+def one_hot(index: int, size: int = 4) -> dict[str, torch.Tensor]:
+    """A gradient of one parameter ``w`` of ``size`` zeros with a 1 at ``index``: after
+    SGD at lr 1 the weights say which pushes were applied, and how often."""
+    grad = torch.zeros(size)
+    grad[index] = 1.0
+    return {"w": grad}
+
+
 # --- raw calls ------------------------------------------------------------------------
 
 

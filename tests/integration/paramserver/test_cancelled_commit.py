@@ -25,6 +25,7 @@ from tests.integration.paramserver.support import (
     call,
     consistency,
     model_header,
+    one_hot,
     push_messages,
     push_raw,
     register_raw,
@@ -37,12 +38,6 @@ pytestmark = pytest.mark.timeout(300)
 
 JOB = "cancelled-commit"
 WAITING_PUSH_S = 30.0  # slot 0's deadline: the commit answers it long before
-
-
-def one_hot(i: int) -> dict[str, torch.Tensor]:
-    grad = torch.zeros(4)
-    grad[i] = 1.0
-    return {"w": grad}
 
 
 async def _slot_0_staged(stub) -> bool:

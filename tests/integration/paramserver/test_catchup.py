@@ -25,6 +25,7 @@ from tests.integration.paramserver.support import (
     expect_error,
     group_client,
     model_header,
+    one_hot,
     pull_raw,
     push_messages,
     push_raw,
@@ -38,12 +39,6 @@ pytestmark = pytest.mark.timeout(420)
 JOB = "catchup"
 STEPS = 9
 DOWN_FROM, UP_FROM = 3, 6  # steps pushed while the backup is down: [3, 6)
-
-
-def one_hot(step: int) -> dict[str, torch.Tensor]:
-    grad = torch.zeros(STEPS)
-    grad[step] = 1.0
-    return {"w": grad}
 
 
 def _port(address: str) -> str:
@@ -78,7 +73,7 @@ async def test_backup_restarted_on_its_port_catches_up(launcher) -> None:
                 )
                 await clients[kind].register_model(header, [torch.zeros(STEPS)])
                 for step in range(DOWN_FROM):
-                    await clients[kind].push(JOB, step, 0, 0, one_hot(step))
+                    await clients[kind].push(JOB, step, 0, 0, one_hot(step, STEPS))
                 assert (await assert_same_state(stub_for, [p, b], JOB)).version == DOWN_FROM
 
             for _, b in groups.values():
@@ -89,7 +84,8 @@ async def test_backup_restarted_on_its_port_catches_up(launcher) -> None:
             for _ in range(2):
                 await expect_error(
                     push_raw(
-                        stub_for(p.address), push_messages(JOB, DOWN_FROM, 0, one_hot(DOWN_FROM))
+                        stub_for(p.address),
+                        push_messages(JOB, DOWN_FROM, 0, one_hot(DOWN_FROM, STEPS)),
                     ),
                     grpc.StatusCode.UNAVAILABLE,
                     "NO_INSYNC_BACKUP",
@@ -99,7 +95,7 @@ async def test_backup_restarted_on_its_port_catches_up(launcher) -> None:
 
             async def strict_pushes():  # the SDK retries until the backup is back
                 return [
-                    await clients["strict"].push(JOB, step, 0, 0, one_hot(step))
+                    await clients["strict"].push(JOB, step, 0, 0, one_hot(step, STEPS))
                     for step in range(DOWN_FROM, UP_FROM)
                 ]
 
@@ -107,7 +103,7 @@ async def test_backup_restarted_on_its_port_catches_up(launcher) -> None:
 
             # lax: acknowledged by the primary alone, every one a first application
             lax = [
-                await clients["lax"].push(JOB, step, 0, 0, one_hot(step))
+                await clients["lax"].push(JOB, step, 0, 0, one_hot(step, STEPS))
                 for step in range(DOWN_FROM, UP_FROM)
             ]
             assert [(r.version, r.duplicate) for r in lax] == [
@@ -130,7 +126,7 @@ async def test_backup_restarted_on_its_port_catches_up(launcher) -> None:
             assert [r.version for r in done] == [v + 1 for v in range(DOWN_FROM, UP_FROM)]
             for kind in groups:
                 for step in range(UP_FROM, STEPS):
-                    result = await clients[kind].push(JOB, step, 0, 0, one_hot(step))
+                    result = await clients[kind].push(JOB, step, 0, 0, one_hot(step, STEPS))
                     assert (result.version, result.duplicate) == (step + 1, False)
 
             for kind, (p, b) in groups.items():

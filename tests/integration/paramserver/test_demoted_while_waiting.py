@@ -23,6 +23,7 @@ from tests.integration.paramserver.support import (
     expect_error,
     metric,
     model_header,
+    one_hot,
     push_messages,
     push_raw,
     register_raw,
@@ -34,12 +35,6 @@ pytestmark = pytest.mark.timeout(300)
 
 JOB = "demoted-while-waiting"
 RECEIVED = "stalwart_paramserver_push_phase_seconds_count"
-
-
-def one_hot(step: int) -> dict[str, torch.Tensor]:
-    grad = torch.zeros(4)
-    grad[step] = 1.0
-    return {"w": grad}
 
 
 async def test_a_push_waiting_for_a_backup_is_refused_once_its_replica_is_demoted(

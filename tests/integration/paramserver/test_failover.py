@@ -18,6 +18,7 @@ from tests.integration.paramserver.support import (
     consistency,
     group_client,
     model_header,
+    one_hot,
     promote,
     pull_raw,
     sgd,
@@ -30,12 +31,6 @@ pytestmark = pytest.mark.timeout(480)
 SLOTS = 3
 STEPS = 12
 KILL_AFTER_ACKS = 10  # of SLOTS * STEPS
-
-
-def one_hot(step: int, slot: int) -> dict[str, torch.Tensor]:
-    grad = torch.zeros(SLOTS * STEPS)
-    grad[slot * STEPS + step] = 1.0
-    return {"w": grad}
 
 
 async def test_kill_primary_mid_stream_every_acked_push_applied_once(launcher) -> None:
@@ -76,7 +71,9 @@ async def test_kill_primary_mid_stream_every_acked_push_applied_once(launcher) -
             try:
                 for step in range(STEPS):
                     in_flight.add(slot)
-                    result = await client.push(job, step, slot, 0, one_hot(step, slot))
+                    result = await client.push(
+                        job, step, slot, 0, one_hot(slot * STEPS + step, SLOTS * STEPS)
+                    )
                     in_flight.discard(slot)
                     acked.append((slot, step, result.duplicate))
                     if len(acked) == KILL_AFTER_ACKS and not kills:

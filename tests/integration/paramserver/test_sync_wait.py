@@ -24,6 +24,7 @@ from tests.integration.paramserver.support import (
     expect_error,
     group_client,
     model_header,
+    one_hot,
     push_messages,
     push_raw,
     sgd,
@@ -34,12 +35,6 @@ pytestmark = pytest.mark.timeout(300)
 
 JOB = "sync-wait"
 INSTALL_HELD_S = 0.5  # well inside SYNC_WAIT_S, even with the install's own time
-
-
-def one_hot(step: int) -> dict[str, torch.Tensor]:
-    grad = torch.zeros(4)
-    grad[step] = 1.0
-    return {"w": grad}
 
 
 async def test_a_duplicate_waits_for_the_backup_being_installed(launcher) -> None:
