@@ -42,9 +42,11 @@ _NOT_USER = tuple(
 # CUDA error is a plain RuntimeError). One trainer's report of one says nothing
 # about the job: the same model ran elsewhere (services/coordinator/taskerrors.py).
 MACHINE_ERROR_TYPES = frozenset({"OutOfMemoryError", "AcceleratorError"})
+# how a trainer's own memory check ends its message (services/trainer/joberrors.py)
+TRAINER_SHORT_OF_MEMORY = "more memory than this one has available"
 MACHINE_MESSAGE_MARKS = (
     "CUDA error", "CUDA out of memory", "CUBLAS_STATUS", "cuDNN error", "HIP error",
-    "DefaultCPUAllocator: can't allocate memory", "more memory than this one has available",
+    "DefaultCPUAllocator: can't allocate memory", TRAINER_SHORT_OF_MEMORY,
 )  # fmt: skip
 
 

@@ -73,6 +73,10 @@ class NotHeldYet(StalwartError):
     """A shard primary does not hold the job yet (its model was not registered there)."""
 
 
+class NoVerifiedCheckpoint(StalwartError):
+    """The job has no checkpoint that verifies (none taken, or every one corrupt)."""
+
+
 @dataclass
 class _Marks:
     """What the periodic orders of one job remember between ticks (ckptplan.next_order)."""
@@ -532,14 +536,13 @@ class Checkpoints:
             job = self.c.jobs.get(job_id)
             if job is None or job.finished:
                 return True
-            if job.step == 0 and "no verified checkpoint" in str(exc):
-                return True
-            if "no verified checkpoint" not in str(exc):
+            if not isinstance(exc, NoVerifiedCheckpoint):
                 return False
-            self.c.require_leader()
-            self.c._advance(job, jobs.Fail(f"{why} and no verified checkpoint"), time.time())
-            self.c._reconcile(time.time())
-            await self.c._flush()
+            if job.step > 0:
+                self.c.require_leader()
+                self.c._advance(job, jobs.Fail(f"{why} and no verified checkpoint"), time.time())
+                self.c._reconcile(time.time())
+                await self.c._flush()
             return True
 
     async def restore(
@@ -624,8 +627,8 @@ class Checkpoints:
                                       job_id=job_id, checkpoint=skipped)  # fmt: skip
                 await self.c._flush()
         if choice.manifest is None:
-            raise StalwartError(ErrorKind.FAILED_PRECONDITION,
-                                f"job {job_id} has no verified checkpoint in {self.url}")  # fmt: skip
+            raise NoVerifiedCheckpoint(ErrorKind.FAILED_PRECONDITION,
+                                       f"job {job_id} has no verified checkpoint in {self.url}")  # fmt: skip
         return choice.manifest
 
     # --- calls ----------------------------------------------------------------------

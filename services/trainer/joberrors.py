@@ -55,7 +55,7 @@ def check_room(task: Task, spec: coordinator.JobSpec, slots: tuple[int, ...]) ->
     raise _job_error(
         "ModelTooLarge",
         f"the model holds {params >> 20:,} MiB of parameters and buffers; a trainer needs "
-        f"about {TRAINER_COPIES} times that, more memory than this one has available",
+        f"about {TRAINER_COPIES} times that, {usererrors.TRAINER_SHORT_OF_MEMORY}",
         slots,
         step=0,
     )

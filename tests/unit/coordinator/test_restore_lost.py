@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.coordinator.checkpoints import Checkpoints
+from services.coordinator.checkpoints import Checkpoints, NoVerifiedCheckpoint
 from services.coordinator.settings import CoordinatorSettings
 from stalwart.api import coordinator
 from stalwart.errors import ErrorKind, StalwartError
@@ -36,8 +36,8 @@ def test_each_job_is_restored_once_and_the_group_is_lost_until_then(tmp_path) ->
         if job_id == "b" and b_failures:
             raise b_failures.pop()
         if job_id in ("c", "d"):
-            raise StalwartError(ErrorKind.FAILED_PRECONDITION,
-                                f"job {job_id} has no verified checkpoint in {settings}")  # fmt: skip
+            raise NoVerifiedCheckpoint(ErrorKind.FAILED_PRECONDITION,
+                                       f"job {job_id} has no verified checkpoint")  # fmt: skip
         return control.jobs[job_id]
 
     checkpoints.restore = restore
