@@ -53,8 +53,14 @@ class BackupFailed:
 
 
 @dataclass(frozen=True)
-class HigherEpochSeen:
-    """A backup refused this primary's epoch (it obeys a newer configuration)."""
+class EpochRefused:
+    """A backup refused a request as of an older epoch than its own, or as deposed.
+
+    Not proof that this primary is deposed: the request may date from before this
+    replica was promoted again (a re-promotion configures the backups first, so a
+    commit begun under the old epoch meets a backup already at the new one). The
+    primary asks the backup's epoch and fences only below it (:class:`EpochAnswered`).
+    """
 
     address: str
     reason: str
@@ -70,10 +76,20 @@ class ForwardsEnded:
 
 @dataclass(frozen=True)
 class EpochAnswered:
-    """A backup whose forward failed answered its epoch (None: it did not answer)."""
+    """A backup whose forward or commit failed answered its epoch (None: it did not answer)."""
 
     address: str
     epoch: int | None
+
+
+RoundEvent = (
+    ForwardsEnded | Applied | ApplyFailed | BackupAcked | BackupFailed | EpochRefused | EpochAnswered
+)  # fmt: skip
+
+
+def above_this_replica(answer: EpochAnswered, epoch: int) -> str:
+    """Why a backup's answered epoch deposes this replica, at ``epoch``."""
+    return f"backup {answer.address} is at epoch {answer.epoch} > {epoch}"
 
 
 # --- actions -----------------------------------------------------------------------
@@ -108,7 +124,7 @@ class Replicate:
 
 @dataclass(frozen=True)
 class AskEpoch:
-    """Ask a backup whose forward failed which epoch it is at."""
+    """Ask a backup whose forward or commit failed which epoch it is at."""
 
     address: str
 
@@ -188,8 +204,9 @@ class ForwardRound:
     """The backups a push was forwarded to, until each forward ended.
 
     A forward that failed may not say why (a backup that refused a stale epoch
-    can look like one that broke), so before going on without it the primary
-    asks its epoch: a higher one fences this primary.
+    can look like one that broke), and one refused for its epoch may date from
+    before this replica was promoted again, so before going on without it the
+    primary asks its epoch: only one above this replica's fences it.
     """
 
     def __init__(self, targets: Sequence[str]):
@@ -197,22 +214,21 @@ class ForwardRound:
         self.failed: dict[str, str] = {}  # address -> why its forward failed
         self.fenced = False
 
-    def feed(self, event: BackupAcked | BackupFailed | HigherEpochSeen | EpochAnswered,
+    def feed(self, event: BackupAcked | BackupFailed | EpochRefused | EpochAnswered,
              epoch: int) -> list[Action]:  # fmt: skip
+        """``epoch``: this replica's epoch now (an answered epoch is compared with it)."""
         if self.fenced:
             return []
         if isinstance(event, BackupAcked):
             self.open.discard(event.address)
             return []
-        if isinstance(event, HigherEpochSeen):
-            return self._fence(event.reason)
-        if isinstance(event, BackupFailed):
+        if isinstance(event, BackupFailed | EpochRefused):
             self.failed[event.address] = event.reason
             return [AskEpoch(event.address)]
         # EpochAnswered
         self.open.discard(event.address)
         if event.epoch is not None and event.epoch > epoch:
-            return self._fence(f"backup {event.address} is at epoch {event.epoch} > {epoch}")
+            return self._fence(above_this_replica(event, epoch))
         return [Drop(event.address, self.failed.get(event.address, ""))]
 
     def _fence(self, reason: str) -> list[Action]:
@@ -263,6 +279,7 @@ class CommitRound:
     applied_version: int | None = None
     local_error: BaseException | None = None
     fence_reason: str = ""
+    refused: dict[str, str] = field(default_factory=dict)  # backup -> why, until it answers
 
     def start(self) -> list[Action]:
         actions: list[Action] = [AwaitForwards()]
@@ -276,8 +293,11 @@ class CommitRound:
 
     def feed(
         self,
-        event: ForwardsEnded | Applied | ApplyFailed | BackupAcked | BackupFailed | HigherEpochSeen,
+        event: RoundEvent,
+        epoch: int = 0,
     ) -> list[Action]:
+        """``epoch``: this replica's epoch now, which an answered epoch is compared with
+        (0, for events that need none, fences on any answer)."""
         if self.phase is not Phase.RUNNING:
             return []
         actions: list[Action] = []
@@ -297,9 +317,16 @@ class CommitRound:
         elif isinstance(event, BackupFailed):
             self.answered.add(event.address)
             actions.append(Drop(event.address, event.reason))
-        elif isinstance(event, HigherEpochSeen):
+        elif isinstance(event, EpochRefused):
+            self.refused[event.address] = event.reason
+            actions.append(AskEpoch(event.address))
+        elif isinstance(event, EpochAnswered):
             self.answered.add(event.address)
-            actions += self._fence(event.reason)
+            reason = self.refused.get(event.address, "")
+            if event.epoch is not None and event.epoch > epoch:
+                actions += self._fence(above_this_replica(event, epoch))
+            else:  # it refused an earlier epoch of this replica's: out of sync, not deposing
+                actions.append(Drop(event.address, reason))
         return actions + self._outcome()
 
     def _fence(self, reason: str) -> list[Action]:

@@ -260,12 +260,12 @@ class Replicator:
     @staticmethod
     def commit_event(
         address: str, err: RpcError | None
-    ) -> commit.BackupAcked | commit.BackupFailed | commit.HigherEpochSeen:
+    ) -> commit.BackupAcked | commit.BackupFailed | commit.EpochRefused:
         """What a backup's answer to a forward or a commit means to the state machines."""
         if err is None:
             return commit.BackupAcked(address)
         if err.kind in (ErrorKind.STALE_EPOCH, ErrorKind.FENCED):
-            return commit.HigherEpochSeen(address, err.message)
+            return commit.EpochRefused(address, err.message)
         return commit.BackupFailed(address, err.message)
 
     @staticmethod

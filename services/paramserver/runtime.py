@@ -277,6 +277,9 @@ class JobHost:
             elif isinstance(action, commit.Apply):
                 work = phases.timed("apply", off_loop(job.model.apply, entries))
                 tasks[asyncio.ensure_future(work)] = commit.Apply
+            elif isinstance(action, commit.AskEpoch):
+                work = self.replicator.epoch_of(action.address)
+                tasks[asyncio.ensure_future(work)] = (commit.AskEpoch, action.address)
             else:
                 work = self.replicator.commit_one(action.address, request)
                 tasks[asyncio.ensure_future(work)] = action.address
@@ -298,6 +301,8 @@ class JobHost:
                         event = task.result()
                     elif source is commit.Apply:
                         event = _apply_event(task)
+                    elif isinstance(source, tuple):  # (AskEpoch, the backup asked)
+                        event = commit.EpochAnswered(source[1], task.result())
                     else:
                         event = self.replicator.commit_event(source, task.result())
                         if isinstance(event, commit.BackupAcked):
@@ -306,8 +311,8 @@ class JobHost:
                         if not backups_left:
                             phases.observe("replicate", started)
                             metrics.REPLICATION_SECONDS.observe(time.perf_counter() - started)
-                    for action in round_.feed(event):
-                        if isinstance(action, commit.Apply):
+                    for action in round_.feed(event, self.replica.epoch):
+                        if isinstance(action, commit.Apply | commit.AskEpoch):
                             spawn(action)
                             continue
                         result = await self._execute(job, action, step, waiter)

@@ -12,10 +12,13 @@ from services.paramserver.consistency import Verdict
 B1, B2 = "b1:1", "b2:2"
 
 
-def run(round_: c.CommitRound, events) -> list:
+EPOCH = 3  # this replica's epoch in these rounds
+
+
+def run(round_: c.CommitRound, events, epoch: int = EPOCH) -> list:
     actions = []
     for event in events:
-        actions += round_.feed(event)
+        actions += round_.feed(event, epoch)
     return actions
 
 
@@ -82,17 +85,22 @@ def test_a_backup_that_missed_a_push_is_dropped_without_a_commit():
 
 def test_a_forward_that_found_this_primary_deposed_applies_nothing():
     round_ = c.CommitRound(version=4, targets=(B1,), required=1)
-    actions = run(round_, [c.ForwardsEnded("backup at epoch 2"), c.HigherEpochSeen(B1, "stale")])
-    assert actions[0] == c.Fence("backup at epoch 2")
+    events = [
+        c.ForwardsEnded("backup at epoch 4"),
+        c.EpochRefused(B1, "stale"),
+        c.EpochAnswered(B1, 4),
+    ]
+    actions = run(round_, events)
+    assert actions[0] == c.Fence("backup at epoch 4")
     assert c.Apply() not in actions and c.LocalStateChanged() not in actions
-    assert outcomes(actions) == [c.Fail(None, "backup at epoch 2")]
+    assert outcomes(actions) == [c.Fail(None, "backup at epoch 4")]
 
 
 def test_no_local_apply_starts_once_a_backup_fenced_this_primary():
     round_ = c.CommitRound(version=4, targets=(B1,), required=1)
-    actions = run(round_, [c.HigherEpochSeen(B1, "stale"), c.ForwardsEnded()])
+    actions = run(round_, [c.EpochRefused(B1, "stale"), c.EpochAnswered(B1, 4), c.ForwardsEnded()])
     assert c.Apply() not in actions
-    assert outcomes(actions) == [c.Fail(None, "stale")]
+    assert outcomes(actions) == [c.Fail(None, f"backup {B1} is at epoch 4 > 3")]
 
 
 @pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
@@ -127,19 +135,44 @@ def test_no_backup_required_acknowledges_after_the_local_apply():
 
 def test_a_higher_epoch_fences_and_nothing_is_acknowledged():
     round_ = c.CommitRound(version=4, targets=(B1, B2), required=1)
-    actions = run(
-        round_,
-        [c.ForwardsEnded(), c.HigherEpochSeen(B1, "epoch 9"), c.BackupAcked(B2), c.Applied(5)],
-    )
-    assert actions[:2] == [c.Apply(), c.Fence("epoch 9")]
-    assert outcomes(actions) == [c.Fail(None, "epoch 9")]
+    events = [c.ForwardsEnded(), c.EpochRefused(B1, "stale"), c.EpochAnswered(B1, 9),
+              c.BackupAcked(B2), c.Applied(5)]  # fmt: skip
+    actions = run(round_, events)
+    fenced = f"backup {B1} is at epoch 9 > 3"
+    assert actions[:3] == [c.Apply(), c.AskEpoch(B1), c.Fence(fenced)]
+    assert outcomes(actions) == [c.Fail(None, fenced)]
     assert not any(isinstance(a, c.Acknowledge) for a in actions)
+
+
+def test_a_refusal_waits_for_the_backups_epoch_before_any_outcome():
+    round_ = c.CommitRound(version=4, targets=(B1,), required=1)
+    actions = run(round_, [c.ForwardsEnded(), c.EpochRefused(B1, "stale"), c.Applied(5)])
+    assert outcomes(actions) == [] and c.AskEpoch(B1) in actions
+
+
+@pytest.mark.parametrize("answered", [2003, 1002, None], ids=["same", "lower", "unanswered"])
+def test_a_refusal_of_this_replicas_earlier_epoch_drops_the_backup_and_fences_nothing(answered):
+    # Promoted again from 1002 to 2003 while a commit sent at 1002 was under way: the
+    # backup, configured first, refused the old epoch. It is out of sync; this replica
+    # is still the primary, and the client's retry finds the update applied here.
+    refusal = "epoch 1002 is older than this replica's 2003"
+    round_ = c.CommitRound(version=4, targets=(B1,), required=1)
+    events = [c.ForwardsEnded(), c.EpochRefused(B1, refusal), c.EpochAnswered(B1, answered),
+              c.Applied(5)]  # fmt: skip
+    actions = run(round_, events, epoch=2003)
+    assert not any(isinstance(a, c.Fence) for a in actions)
+    assert c.Drop(B1, refusal) in actions
+    assert outcomes(actions) == [c.Refuse(0, 1)]
 
 
 def test_fenced_once_even_if_both_backups_say_so():
     round_ = c.CommitRound(version=4, targets=(B1, B2), required=1)
-    actions = run(round_, [c.HigherEpochSeen(B1, "a"), c.HigherEpochSeen(B2, "b"), c.Applied(5)])
-    assert [a for a in actions if isinstance(a, c.Fence)] == [c.Fence("a")]
+    events = [c.EpochRefused(B1, "a"), c.EpochRefused(B2, "b"), c.EpochAnswered(B1, 9),
+              c.EpochAnswered(B2, 9), c.Applied(5)]  # fmt: skip
+    actions = run(round_, events)
+    assert [a for a in actions if isinstance(a, c.Fence)] == [
+        c.Fence(f"backup {B1} is at epoch 9 > 3")
+    ]
 
 
 def test_a_failed_local_apply_is_never_acknowledged():
@@ -189,6 +222,17 @@ def test_failed_forward_to_a_backup_at_a_higher_epoch_fences():
     assert round_.feed(c.BackupFailed(B2, "reset"), epoch=3) == []  # fenced: nothing more
 
 
-def test_a_forward_refused_for_its_epoch_fences_at_once():
+def test_a_forward_refused_for_its_epoch_fences_only_below_the_backups_epoch():
     round_ = c.ForwardRound([B1])
-    assert round_.feed(c.HigherEpochSeen(B1, "stale epoch"), epoch=3) == [c.Fence("stale epoch")]
+    assert round_.feed(c.EpochRefused(B1, "stale epoch"), epoch=3) == [c.AskEpoch(B1)]
+    assert round_.feed(c.EpochAnswered(B1, 4), epoch=3) == [
+        c.Fence(f"backup {B1} is at epoch 4 > 3")
+    ]
+
+
+def test_a_forward_refused_under_this_replicas_earlier_epoch_drops_the_backup():
+    round_ = c.ForwardRound([B1])
+    round_.feed(c.EpochRefused(B1, "epoch 1002 is older than this replica's 2003"), epoch=2003)
+    actions = round_.feed(c.EpochAnswered(B1, 2003), epoch=2003)
+    assert actions == [c.Drop(B1, "epoch 1002 is older than this replica's 2003")]
+    assert round_.done and not round_.fenced
