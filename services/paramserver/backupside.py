@@ -66,9 +66,12 @@ class BackupSide:
                 )
                 for summed in header.summed:
                     self.histories.on_push(summed)
-            else:
+            elif job.model.may_hold_forward(push.step, push.slot):
                 job.model.stage(push.step, push.slot, assembler.payload_crc32c, tensors)
                 self.histories.on_push(push)
+            else:
+                log.info("forwarded push not held: no commit can name it", job=push.job_id,
+                         step=push.step, slot=push.slot, version=job.model.version)  # fmt: skip
             job.staged.notify_all()  # a commit naming this push may be waiting for it
 
     async def commit(self, request, wait_s: float | None) -> int:

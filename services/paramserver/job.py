@@ -23,6 +23,11 @@ from stalwart.errors import ErrorKind, StalwartError
 from stalwart.jobspec import GRADIENT_DTYPES
 
 DEDUPE_WINDOW = 65536  # applied (step, slot) keys remembered for conflict checks
+# A backup holds a forwarded push only this many steps past what its slot expects
+# here: a primary accepts only the expected step, and acknowledges a commit only
+# once every in-sync backup answered it, so a backup lags its primary by one
+# commit at most. The rest (a push the primary then refuses as ahead) is not kept.
+FORWARD_AHEAD = 2
 
 _MODES = {
     common.CONSISTENCY_MODE_SYNC: Mode.SYNC,
@@ -168,6 +173,18 @@ class JobModel:
         """Buffer one push, each gradient widened to its parameter's dtype (a float32
         parameter's gradient may travel as bfloat16: JobSpec.gradient_dtype)."""
         self.pending[(step, slot)] = (crc, gradients.widened(grads, self.dtypes))
+
+    def may_hold_forward(self, step: int, slot: int) -> bool:
+        """Whether a backup keeps a push its primary forwarded: one a commit could name.
+
+        The primary forwards a push while it streams in, before judging it, so a
+        client's pushes of steps ahead or behind (refused there as AHEAD or answered
+        as duplicates) reach the backup too. Kept, each stayed buffered until its
+        step went by, without bound: a model's worth per push."""
+        if not 0 <= slot < self.rules.num_slots:
+            return False
+        expected = self.version if self.rules.mode is Mode.SYNC else self.clocks[slot]
+        return expected <= step <= expected + FORWARD_AHEAD
 
     def ready_entries(self, step: int, slot: int) -> list[Entry] | None:
         """The entries to commit now, in slot order, or None if the step is incomplete."""

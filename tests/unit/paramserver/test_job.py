@@ -527,3 +527,22 @@ def test_a_sum_staged_for_another_version_or_other_pushes_is_not_applied():
     empty = make_job()
     empty.stage_sum(1, keys, bogus)  # version 1: the job is at 0
     assert not empty.has_entries(entries)
+
+
+def test_a_backup_holds_only_forwarded_pushes_a_commit_could_name():
+    job = make_job(common.CONSISTENCY_MODE_ASYNC)
+    async_push(job, 0, 0, crc=1, grads=grads_for(initial_params(), 0, 0))
+    assert job.clocks == [1, 0, 0]
+    ahead = jobmod.FORWARD_AHEAD
+    assert job.may_hold_forward(1, 0) and job.may_hold_forward(1 + ahead, 0)
+    assert job.may_hold_forward(0, 1)  # each slot by its own clock
+    assert not job.may_hold_forward(0, 0)  # applied here: a duplicate at the primary
+    assert not job.may_hold_forward(2 + ahead, 0)  # refused there as ahead
+    assert not job.may_hold_forward(10**12, 1)
+    assert not job.may_hold_forward(0, NUM_SLOTS) and not job.may_hold_forward(0, -1)
+
+
+def test_a_sync_backup_holds_forwards_by_the_version():
+    job = make_job(common.CONSISTENCY_MODE_SYNC)
+    assert all(job.may_hold_forward(0, slot) for slot in range(NUM_SLOTS))
+    assert not job.may_hold_forward(jobmod.FORWARD_AHEAD + 1, 0)
