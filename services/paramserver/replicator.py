@@ -128,10 +128,16 @@ class Replicator:
             link.last_error = error
             log.warning("backup out of sync", backup=address, job=job_id, error=error)
 
-    def _check_fenced(self, err: RpcError | None) -> None:
-        if err is not None and err.kind in (ErrorKind.STALE_EPOCH, ErrorKind.FENCED):
+    async def _check_fenced(self, address: str, err: RpcError) -> None:
+        """Fence this replica when a backup refused it for its epoch and is above it
+        now (the refusal may date from before this replica was promoted again:
+        commit.EpochRefused)."""
+        if err.kind not in (ErrorKind.STALE_EPOCH, ErrorKind.FENCED):
+            return
+        epoch = await self.epoch_of(address)
+        if epoch is not None and epoch > self.replica.epoch:
             self.replica.fence()
-            raise Fenced(err.message)
+            raise Fenced(f"{err.message} (backup {address} is at epoch {epoch})")
 
     # --- forwarding and committing ----------------------------------------------
 
@@ -326,7 +332,7 @@ class Replicator:
             )
         except grpc.RpcError as exc:
             err = RpcError.from_grpc(exc)
-            self._check_fenced(err)
+            await self._check_fenced(address, err)
             self.drop(address, header.model.job_id, err.message)
             return
         link = self.replica.backups.get(address)
@@ -346,7 +352,7 @@ class Replicator:
             try:
                 await self._stub_for(address).RecordEvaluation(forward, timeout=self.ack_timeout_s)
             except grpc.RpcError as exc:
-                self._check_fenced(RpcError.from_grpc(exc))
+                await self._check_fenced(address, RpcError.from_grpc(exc))
                 log.warning("evaluation not forwarded", backup=address, error=str(exc))
 
     async def delete(self, job_id: str) -> None:
