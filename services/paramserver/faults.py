@@ -20,6 +20,11 @@ Set ``--faults`` or ``STALWART_FAULTS`` (same syntax as the trainer's):
   version N + 1 waits ``SLOW_COMMIT_S`` first, the job's lock held, as a busy
   machine would: long enough for the client of the push that started the commit to
   give up on it.
+- ``commit_across_promotion_at_version=N``: a primary about to send its backups the
+  commit that would reach version N + 1, the request already made under its epoch,
+  holds it (the job's lock held) until it is promoted to another epoch, up to
+  ``PROMOTION_WAIT_S``: a commit begun under the old epoch meets backups a
+  re-promotion already configured at the new one.
 - ``slow_install_seconds=S``: a backup that receives a job's state from its primary
   (InstallState) holds it S seconds before taking it, as a slow disk or a busy
   machine would: the primary meanwhile has no backup in sync.
@@ -32,14 +37,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stalwart import faultspec, log
 
 _KNOWN = {"flip_state_at_version": int, "hang_commit_at_version": int, "crash_at_version": int,
           "crash_before_commit_at_version": int, "slow_commit_at_version": int,
-          "slow_install_seconds": float}  # fmt: skip
+          "commit_across_promotion_at_version": int, "slow_install_seconds": float}  # fmt: skip
 SLOW_COMMIT_S = 1.0
+PROMOTION_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class Faults(faultspec.FaultSet):
     crash_at_version: int | None = None
     crash_before_commit_at_version: int | None = None
     slow_commit_at_version: int | None = None
+    commit_across_promotion_at_version: int | None = None
     slow_install_seconds: float | None = None
     fired: set = field(default_factory=set, compare=False, repr=False)
 
@@ -109,3 +118,19 @@ class Faults(faultspec.FaultSet):
                 "fault fired", fault="slow_commit_at_version", version=model.version
             )
             await asyncio.sleep(SLOW_COMMIT_S)  # the fault is the wait itself
+
+    async def before_sending_commit(self, model, epoch_now: Callable[[], int]) -> None:
+        """Called with the job's lock held, a commit's request made under ``epoch_now()``."""
+        if model.version != self.commit_across_promotion_at_version:
+            return
+        if "commit_across_promotion" in self.fired:
+            return
+        self.fired.add("commit_across_promotion")
+        made_under = epoch_now()
+        log.get_logger("stalwart.faults").warning(
+            "fault fired", fault="commit_across_promotion_at_version", version=model.version,
+            epoch=made_under,
+        )  # fmt: skip
+        deadline = time.monotonic() + PROMOTION_WAIT_S
+        while epoch_now() == made_under and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the fault is the wait for the promotion

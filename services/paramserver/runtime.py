@@ -267,6 +267,8 @@ class JobHost:
         unforwarded = frozenset(a for a in targets for _, sent in records if a not in sent)
         round_ = commit.CommitRound(base, targets, self.replicator.required(), unforwarded)
         request = self.replicator.commit_request(job_id, base, entries)
+        if self.faults.commit_across_promotion_at_version is not None:  # tests only
+            await self.faults.before_sending_commit(job.model, lambda: self.replica.epoch)
         started = time.perf_counter()
         tasks: dict[asyncio.Future, str | type] = {}
 

@@ -537,12 +537,18 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
 
     @rpc_handler
     async def Promote(self, request, context):
+        was_primary = self.replica.role is Role.PRIMARY
         check = self.replica.promote(
             request.epoch, list(request.backups), request.coordinator_epoch
         )
         self._raise_check(check, request.epoch)
         for job in self.jobs.values():
-            job.model.pending.clear()  # clients re-push whatever was not acknowledged
+            if not was_primary:  # clients re-push whatever was not acknowledged
+                job.model.pending.clear()
+            # Promoted again (above a stray claim), the pushes staged here are its own,
+            # admitted ones: a commit under way applies them, and staged slots of a
+            # sync step wait for the others. Cleared, that commit failed (KeyError) and
+            # the waiting slots stood still until their deadline.
             job.pull_cache = None
         log.warning("promoted to primary", epoch=request.epoch, backups=list(request.backups))
         self.on_role_change(self.replica.role)
