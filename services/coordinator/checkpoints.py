@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -569,7 +570,8 @@ class Checkpoints:
                     if target is None:
                         raise StalwartError(ErrorKind.UNAVAILABLE,
                                             f"shard group {shard} has no live replica to restore on")  # fmt: skip
-                    plan.append((shard, target))
+                    epoch = self.c.hand_out_epoch(shard, target.epoch)
+                    plan.append((shard, dataclasses.replace(target, epoch=epoch)))
             for _, t in plan:
                 # the new epoch fences the lost group's clients and replicas and
                 # changes the shard map, which is what makes trainers start over

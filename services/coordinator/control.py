@@ -87,6 +87,9 @@ class Control:
         self.primary_instances: dict[int, tuple[str, str]] = {}
         self.views: dict[str, ReplicaView] = {}  # paramserver node id -> last poll
         self.lost_groups: set[int] = set()  # every replica gone; a restore is pending
+        # shard -> the highest epoch this leader decided to configure there (see
+        # hand_out_epoch); the group's record has it only once it is carried out
+        self.epochs_handed: dict[int, int] = {}
         self.restore_generation = 0  # bumped when a restore rewinds versions
         self.checkpoints = None  # checkpoints.Checkpoints, set by the service's main
         self.sdc = None  # sdcguard.SdcGuard, set by the service's main
@@ -326,6 +329,7 @@ class Control:
             self.finished_order = dict.fromkeys(job_id for _, job_id in ended)
             self.groups = {k: (g.primary, g.epoch) for k, g in groups.items()}
             self.lost_groups = {k for k, g in groups.items() if g.lost}
+            self.epochs_handed = {}
             self.primary_instances = {k: (g.primary, g.instance)
                                       for k, g in groups.items() if g.instance}  # fmt: skip
             self.views = {}
@@ -337,6 +341,17 @@ class Control:
             self._reconcile(now)
             await self._flush()
         log.info("leading", epoch=epoch, jobs=len(self.jobs), nodes=len(self.members.nodes))
+
+    def hand_out_epoch(self, shard: int, epoch: int) -> int:
+        """The epoch a promotion or restore of ``shard`` decided now (under the lock)
+        configures: ``epoch`` (promotion.next_epoch's), or one above the last this
+        leader handed out there. Decisions are carried out after the lock is released,
+        and the group's record takes their epoch only then, so a failover and a restore
+        (or a wedged primary's failover) decided meanwhile picked the same epoch for two
+        different replicas: two primaries at one epoch."""
+        epoch = max(epoch, self.epochs_handed.get(shard, 0) + 1)
+        self.epochs_handed[shard] = epoch
+        return epoch
 
     def _primary_instance(self, shard: int) -> str:
         """The stored instance of the shard's recorded primary; "" if not known."""

@@ -304,8 +304,17 @@ class ParamWatch:
             decided = promotion.decide(
                 self.group(shard), primary_id, self._committed(shard), self.backups, recorded_epoch
             )
-            out += [(shard, d) for d in decided]
+            out += [(shard, self._handed_out(shard, d)) for d in decided]
         return out
+
+    def _handed_out(self, shard: int, decision: promotion.Decision) -> promotion.Decision:
+        """A promotion at an epoch no other decision of this leader took (caller holds
+        the lock; see Control.hand_out_epoch)."""
+        if not isinstance(decision, promotion.Promote):
+            return decision
+        return dataclasses.replace(
+            decision, epoch=self.control.hand_out_epoch(shard, decision.epoch)
+        )
 
     def _committed(self, shard: int) -> frozenset[str]:
         """The live jobs with committed steps on ``shard`` (their state exists there)."""
@@ -399,6 +408,7 @@ class ParamWatch:
             group = [dataclasses.replace(r, alive=False) if r.node_id == primary_id else r
                      for r in self.group(shard)]  # fmt: skip
             decision = promotion.choose_promotion(group, self._committed(shard), recorded_epoch)
+            decision = self._handed_out(shard, decision)
         if not isinstance(decision, promotion.Promote):
             log.warning("primary's commit looks wedged; no backup to take over", shard=shard,
                         primary=primary_id)  # fmt: skip
