@@ -23,6 +23,7 @@ from services.coordinator.detector import ArrivalWindow, DetectorConfig
 # Weight of the newest step time in the moving average: recent enough to notice
 # a slowing node within a few steps, smooth enough to ignore one slow batch.
 EMA_ALPHA = 0.3
+MAX_STEP_TIME_S = 24 * 3600.0  # a step time reported above this is not believed
 
 
 class NodeState(enum.Enum):
@@ -126,9 +127,12 @@ class Membership:
             window.heartbeat(now)
             node.last_heard = max(node.last_heard, now)
             node.lease_expires = window.deadline()
-        node.last_step = max(node.last_step, step)
-        if step_time is not None and step_time > 0:
+        # A trainer reports its last step's time with every beat: one sample per step,
+        # and only a plausible one (an infinite time made the hung-step limit infinite
+        # for good, and a new leader loaded it back from the store).
+        if step > node.last_step and _plausible_step_time(step_time):
             node.step_time_ema = _ema(node.step_time_ema, step_time)
+        node.last_step = max(node.last_step, step)
         return node
 
     def expire(self, now: float) -> list[NodeRecord]:
@@ -203,6 +207,10 @@ class Membership:
             (n for n in self.nodes.values() if n.leased and (role is None or n.role is role)),
             key=lambda n: n.node_id,
         )
+
+
+def _plausible_step_time(seconds: float | None) -> bool:
+    return seconds is not None and 0 < seconds <= MAX_STEP_TIME_S  # NaN: False
 
 
 def _ema(previous: float, sample: float) -> float:

@@ -118,6 +118,13 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServiceServicer):
                 ErrorKind.INVALID_ARGUMENT,
                 "address (host:port, at most 200 characters) is required",
             )
+        if not 0 <= request.shard < jobspec.MAX_SHARDS:
+            # a shard of -1 passed every `shard < num_shards` test: a replica of it
+            # that died was taken for every job's lost group
+            raise StalwartError(
+                ErrorKind.INVALID_ARGUMENT,
+                f"shard must be in [0, {jobspec.MAX_SHARDS}), got {request.shard}",
+            )
         node_id = request.node_id or f"{role.value}-{_short_id()}"
         check_key("node_id", node_id)
         limits.check_map("labels", request.labels)

@@ -97,6 +97,12 @@ async def test_an_oversize_create_job_is_refused_and_the_leader_keeps_its_lease(
             Code.RESOURCE_EXHAUSTED, ErrorKind.LIMIT_EXCEEDED,
         )  # fmt: skip
         assert "labels" in err.message
+        for shard in (-1, 1 << 20):  # -1 passed every `shard < num_shards` test
+            err = await _refused(
+                client.register_node(common.NODE_ROLE_PARAMSERVER, "127.0.0.1:1", shard=shard),
+                Code.INVALID_ARGUMENT,
+            )
+            assert f"got {shard}" in err.message
         long_reason = coordinator.CancelJobRequest(job_id="none", reason="r" * 5000)
         await _refused(call(c1.address, "CancelJob", long_reason), Code.RESOURCE_EXHAUSTED)
         # nothing applied, and the same leader at the same epoch throughout (a lost

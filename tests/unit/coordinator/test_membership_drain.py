@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from services.coordinator import drain
@@ -80,6 +82,22 @@ def test_step_time_ema():
     m.heartbeat("a", 0.2, step=2, step_time=2.0)
     assert m.nodes["a"].step_time_ema == pytest.approx(1.3)
     assert m.nodes["a"].last_step == 2
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, 0.0, 1e9])
+def test_an_implausible_step_time_is_not_believed(bad):
+    m = members("a")
+    m.heartbeat("a", 0.1, step=1, step_time=1.0)
+    m.heartbeat("a", 0.2, step=2, step_time=bad)
+    assert m.nodes["a"].step_time_ema == 1.0 and m.nodes["a"].last_step == 2
+
+
+def test_the_step_time_resent_with_every_beat_counts_once_per_step():
+    m = members("a")
+    m.heartbeat("a", 0.1, step=1, step_time=1.0)
+    for beat in range(5):  # a long step: the last step's time again, every beat
+        m.heartbeat("a", 0.2 + beat, step=1, step_time=2.0)
+    assert m.nodes["a"].step_time_ema == 1.0
 
 
 @pytest.mark.parametrize(
