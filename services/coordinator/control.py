@@ -445,10 +445,19 @@ class Control:
             epoch=self.epoch,
         )
 
-    async def drain_node(self, node_id: str, reason: str) -> NodeRecord:
+    async def drain_node(
+        self, node_id: str, reason: str, only_if_movable: bool = False
+    ) -> NodeRecord:
+        """Drain a trainer; ``only_if_movable`` (a predicted failure, not an operator's
+        word): not when another trainer could not take a job's slot it holds, which
+        would leave that job with no trainer on a guess."""
         async with self.lock:
             self.require_leader()
             node = self._node(node_id)
+            if only_if_movable and not self._work_could_move(node_id):
+                log.warning("not draining: no other trainer could take its slots",
+                            node=node_id, reason=reason)  # fmt: skip
+                return node
             if node.role in NOT_DRAINED:
                 raise StalwartError(
                     ErrorKind.FAILED_PRECONDITION,
@@ -621,7 +630,7 @@ class Control:
                 return job
             log.warning("user code failed", job=job_id, node=error.node_id, phase=error.phase,
                         step=error.step, slot=error.slot, error=error.message)  # fmt: skip
-            movable = self._another_trainer(error.node_id)
+            movable = self._another_trainer(error.node_id, job)
             reason = self.task_errors.record(job_id, error, movable)
             self._dirty_errors.add(job_id)  # counted in the store too: a new leader goes on
             now = time.time()
@@ -636,12 +645,24 @@ class Control:
             await self._flush()
             return job
 
-    def _another_trainer(self, node_id: str) -> bool:
-        """Whether a trainer other than ``node_id`` is in service (could take its work)."""
+    def _another_trainer(self, node_id: str, job: jobs.Job) -> bool:
+        """Whether a trainer other than ``node_id`` is in service and could take its work
+        on ``job``: idle, or already the job's (a slot or a standby place). One holding
+        another job's slot or standing by for it is never given this job's slots, so
+        counting it drained the job's only trainer and left the job with none."""
+        others = {n for j in self.live_jobs.values()
+                  if j.job_id != job.job_id and not j.finished for n in j.holders()}  # fmt: skip
         return any(
             n.role is Role.TRAINER and n.leased and n.state is NodeState.ALIVE
-            and n.node_id != node_id
+            and n.node_id != node_id and n.node_id not in others
             for n in self.members.nodes.values()
+        )  # fmt: skip
+
+    def _work_could_move(self, node_id: str) -> bool:
+        """Whether every job whose slot ``node_id`` holds has another trainer for it."""
+        return all(
+            self._another_trainer(node_id, j) for j in self.live_jobs.values()
+            if not j.finished and any(s.node_id == node_id for s in j.slots)
         )  # fmt: skip
 
     def _advance(self, job: jobs.Job, event: jobs.Event, now: float) -> None:

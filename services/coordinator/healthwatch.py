@@ -79,7 +79,9 @@ class HealthWatch:
                     node=node_id, risk=round(risk, 3), why=why)  # fmt: skip
         with contextlib.suppress(StalwartError):  # NOT_LEADER, or gone meanwhile
             await self.control.drain_node(
-                node_id, f"health service predicts a failure (risk {risk:.2f}): {why}"
+                node_id,
+                f"health service predicts a failure (risk {risk:.2f}): {why}",
+                only_if_movable=True,
             )
 
     async def _poll_forever(self) -> None:

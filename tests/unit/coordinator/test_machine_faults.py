@@ -45,3 +45,29 @@ def test_with_no_other_trainer_the_job_fails_as_before(tmp_path) -> None:
     job = control.jobs["j"]
     assert job.state.value == "failed" and "OutOfMemoryError" in job.status.reason
     assert control.members.nodes["t1"].state is NodeState.ALIVE
+
+
+def test_a_trainer_busy_with_another_job_does_not_count_as_a_taker(tmp_path) -> None:
+    control = _leader_with_trainers(tmp_path, "t1", "t2")
+    spec = coordinator.JobSpec(model="mlp", num_slots=1, steps=10, batch_size=1)
+    asyncio.run(control.create_job("k", spec, ""))
+    holder = {job_id: control.jobs[job_id].slots[0].node_id for job_id in ("j", "k")}
+    assert sorted(holder.values()) == ["t1", "t2"]  # one trainer each, no one idle
+    # j's trainer reports a full device: the other one is k's and never takes j's slot,
+    # so draining the reporter would leave j with no trainer at all
+    asyncio.run(control.task_error("j", _gpu_full(holder["j"])))
+    assert control.jobs["j"].state.value == "failed"
+    assert control.members.nodes[holder["j"]].state is NodeState.ALIVE
+    assert control.jobs["k"].state.value != "failed"
+
+
+def test_a_predicted_failure_drains_only_a_trainer_whose_slots_could_move(tmp_path) -> None:
+    control = _leader_with_trainers(tmp_path, "t1")
+    holder = control.jobs["j"].slots[0].node_id
+    guess = "health service predicts a failure (risk 0.90)"
+    asyncio.run(control.drain_node(holder, guess, only_if_movable=True))
+    assert control.members.nodes[holder].state is NodeState.ALIVE  # the job's only one
+
+    asyncio.run(control.register(NodeRecord("t2", Role.TRAINER, "t2:1")))
+    asyncio.run(control.drain_node(holder, guess, only_if_movable=True))
+    assert control.members.nodes[holder].state in (NodeState.DRAINING, NodeState.DRAINED)
