@@ -122,7 +122,7 @@ def _fill_free_slots(
     job: Job, eligible: dict, busy: set[str], so_far: list[Action]
 ) -> list[Action]:
     free = [slot for slot, node in _holders(job, so_far).items() if not node]
-    return _give(job, free, _pool(job, eligible, busy), busy)
+    return _give(job, free, _pool(job, eligible, busy, so_far), busy)
 
 
 def _spread_extras(job: Job, eligible: dict, busy: set[str], so_far: list[Action]) -> list[Action]:
@@ -131,7 +131,7 @@ def _spread_extras(job: Job, eligible: dict, busy: set[str], so_far: list[Action
     extra = elastic.extras(holders, _rank_ids(eligible, holders))
     if not extra:
         return []
-    return _give(job, extra, _pool(job, eligible, busy), busy)
+    return _give(job, extra, _pool(job, eligible, busy, so_far), busy)
 
 
 def _spill_free_slots(job: Job, eligible: dict, so_far: list[Action]) -> list[Action]:
@@ -143,9 +143,12 @@ def _spill_free_slots(job: Job, eligible: dict, so_far: list[Action]) -> list[Ac
     ]
 
 
-def _pool(job: Job, eligible: dict, busy: set[str]) -> list[NodeRecord]:
-    """Trainers that may take a slot of ``job``, in the order they take them."""
-    own = _ranked(eligible[n] for n in job.standbys if n in eligible)
+def _pool(job: Job, eligible: dict, busy: set[str], so_far: list[Action]) -> list[NodeRecord]:
+    """Trainers that may take a slot of ``job``, in the order they take them: its
+    standbys not given a slot this round yet (one given a free slot was offered
+    again for an extra one, and held two while another standby stood idle)."""
+    taken = {a.node_id for a in so_far if isinstance(a, Assign) and a.job_id == job.job_id}
+    own = _ranked(eligible[n] for n in job.standbys if n in eligible and n not in taken)
     idle = _ranked(n for n in eligible.values() if n.node_id not in busy)
     workers = [n for n in idle if not n.standby]
     spares = [n for n in idle if n.standby]

@@ -126,3 +126,16 @@ def test_apply_moves_the_standby_into_the_slot():
     assert placement.apply({"j": j}, actions) == {"j"}
     assert [s.node_id for s in j.slots] == ["s"] and j.standbys == []
     assert placement.decide([j], [trainer("a", DEAD), trainer("s", standby=True)]) == []
+
+
+def test_a_standby_given_a_free_slot_is_not_offered_an_extra_one_too():
+    # slots 0 and 1 on "a", slot 2 free: the first standby takes the free slot and
+    # the second the extra slot (the first used to be given both, the second idle)
+    jobs = [job("x", ("a", "a", ""), running=True, standbys=("s1", "s2"), created=0),
+            job("y", ("b",), running=True, created=1)]  # fmt: skip
+    nodes = [trainer("a"), trainer("b"),
+             trainer("s1", standby=True), trainer("s2", standby=True)]  # fmt: skip
+    actions = placement.decide(jobs, nodes)
+    assigned = [(a.slot, a.node_id) for a in actions if isinstance(a, Assign)]
+    assert sorted(n for _, n in assigned) == ["s1", "s2"], actions
+    assert not any(isinstance(a, AttachStandby) for a in actions)  # none left to attach
