@@ -76,6 +76,13 @@ _SPARE: dict[str, dict[str, torch.Tensor]] = {}
 _BASES: dict[str, ckpt.PatchBase] = {}
 
 
+def forget(job_id: str) -> None:
+    """Drop what this replica keeps between a job's checkpoints (its model deleted):
+    kept, two copies of each deleted job's state stayed in memory for good."""
+    _SPARE.pop(job_id, None)
+    _BASES.pop(job_id, None)
+
+
 def take_snapshot(model: JobModel) -> Snapshot:
     """Copy parameters and optimizer state (the caller holds the job's lock)."""
     spare = _SPARE.pop(model.job_id, {})

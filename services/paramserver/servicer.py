@@ -583,6 +583,7 @@ class ParamServer(paramserver_grpc.ParamServerServiceServicer):
         # a backup already cleared as out of sync and installed the job there again
         deleted = self.jobs.pop(request.job_id, None) is not None
         self.histories.jobs.pop(request.job_id, None)
+        checkpointing.forget(request.job_id)
         if self.replica.role is Role.PRIMARY:
             await self.replicator.delete(request.job_id)
         return paramserver.DeleteModelResponse(deleted=deleted)
