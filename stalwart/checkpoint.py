@@ -396,13 +396,28 @@ def _check_structure(manifest: common.CheckpointManifest) -> None:
                 ErrorKind.DATA_LOSS, f"tensor {t.spec.name} of shard {t.shard} listed twice"
             )
         seen.add(key)
-        expected = wiredtypes.tensor_nbytes(t.spec)
+        expected = _spec_nbytes(t)
         got = sum(ref.size for ref in t.chunks)
         if got != expected:
             raise StalwartError(
                 ErrorKind.DATA_LOSS,
                 f"tensor {t.spec.name} needs {expected} bytes, its chunks hold {got}",
             )
+
+
+def _spec_nbytes(t: common.CheckpointTensor) -> int:
+    """The bytes a listed tensor needs; DATA_LOSS for a spec no tensor can have. An
+    unknown dtype (a flipped byte, or a newer build's) used to raise BAD_DTYPE
+    (INVALID_ARGUMENT) out of every listing of the job's checkpoints, so none of
+    them, good ones included, could be chosen, and saves and retention failed."""
+    if any(d < 0 for d in t.spec.shape):
+        raise StalwartError(
+            ErrorKind.DATA_LOSS, f"tensor {t.spec.name} has shape {list(t.spec.shape)}"
+        )
+    try:
+        return wiredtypes.tensor_nbytes(t.spec)
+    except StalwartError as exc:
+        raise StalwartError(ErrorKind.DATA_LOSS, f"tensor {t.spec.name}: {exc.message}") from None
 
 
 def info_of(manifest: common.CheckpointManifest) -> CheckpointInfo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import tempfile
@@ -193,6 +194,23 @@ def test_unreadable_manifest_is_skipped(store: Store) -> None:
     choice = ckpt.choose_newest_verified(store, "job")
     assert choice.manifest.checkpoint_id == first.checkpoint_id
     assert [c for c, _ in choice.skipped] == ["step-999999999999"]
+
+
+@pytest.mark.parametrize("bad", ["dtype", "shape"])
+def test_a_manifest_with_an_impossible_spec_is_skipped(store: Store, bad: str) -> None:
+    first, _ = _save(store, _model(), 1)
+    odd = common.CheckpointManifest()
+    odd.CopyFrom(first)
+    odd.checkpoint_id, odd.step = "step-999999999999", 999999999999
+    if bad == "dtype":  # a flipped byte, or a newer build's dtype: still parses
+        odd.tensors[0].spec.dtype = 999
+    else:  # two negative dimensions multiply to the right size
+        spec = odd.tensors[0].spec
+        spec.shape[:] = [-1, -math.prod(spec.shape)]
+    store.publish_manifest("job", odd.checkpoint_id, odd.SerializeToString())
+    choice = ckpt.choose_newest_verified(store, "job")
+    assert choice.manifest.checkpoint_id == first.checkpoint_id
+    assert [c for c, _ in choice.skipped] == [odd.checkpoint_id]
 
 
 def test_retention_keeps_newest_and_collects_chunks(store: Store) -> None:
