@@ -517,7 +517,9 @@ class Control:
         async with self.lock:
             self.require_leader()
             node = self._node(node_id)
-            if node.leased and node.state is not NodeState.QUARANTINED:
+            # a DEAD one too: the verdict may come after its process ended, and the
+            # machine may register again
+            if node.state is not NodeState.QUARANTINED:
                 node.state = NodeState.QUARANTINED
                 self._dirty_nodes.add(node_id)
                 self.events.add(EV.EVENT_KIND_NODE_QUARANTINED,

@@ -153,7 +153,8 @@ class Membership:
             self._deaf = False
             self.refresh_all(now)
             return []
-        dead = [n for n in self.nodes.values() if n.leased and n.lease_expires <= now]
+        dead = [n for n in self.nodes.values()
+                if _may_die(n) and n.lease_expires <= now]  # fmt: skip
         for node in dead:
             node.state = NodeState.DEAD
         return sorted(dead, key=lambda n: n.node_id)
@@ -174,7 +175,7 @@ class Membership:
 
     def hears_nobody(self, now: float) -> bool:
         """Two or more nodes hold leases and not one was heard in half the floor."""
-        leased = [n for n in self.nodes.values() if n.leased]
+        leased = [n for n in self.nodes.values() if _may_die(n)]
         quiet_s = self.detector.floor_s / 2
         return len(leased) >= 2 and max(n.last_heard for n in leased) <= now - quiet_s
 
@@ -182,14 +183,14 @@ class Membership:
         """Leased nodes of ``role`` not heard from for ``after_s`` (their lease still runs)."""
         return sorted(
             (n for n in self.nodes.values()
-             if n.role is role and n.leased and n.last_heard <= now - after_s),
+             if n.role is role and _may_die(n) and n.last_heard <= now - after_s),
             key=lambda n: n.node_id,
         )  # fmt: skip
 
     def declare_dead(self, node_id: str) -> NodeRecord | None:
         """Declare a node dead before its lease ends (it is known unreachable)."""
         node = self.nodes.get(node_id)
-        if node is None or not node.leased:
+        if node is None or not _may_die(node):
             return None
         node.state = NodeState.DEAD
         return node
@@ -207,6 +208,15 @@ class Membership:
             (n for n in self.nodes.values() if n.leased and (role is None or n.role is role)),
             key=lambda n: n.node_id,
         )
+
+
+def _may_die(node: NodeRecord) -> bool:
+    """Whether a silent node is declared DEAD: a leased one, but not a quarantined one.
+    Quarantine is a property of the machine, not of the process: once DEAD, the node
+    registered again as ALIVE and was given work, and a new leader read it back DEAD.
+    It holds no work, so its silence changes nothing; it stays QUARANTINED (never
+    forgotten) until an operator releases it."""
+    return node.leased and node.state is not NodeState.QUARANTINED
 
 
 def _plausible_step_time(seconds: float | None) -> bool:

@@ -156,3 +156,17 @@ def test_is_drained(state, holds, drained):
 @pytest.mark.parametrize(("score", "expected"), [(0.9, False), (0.3, True)])
 def test_health_drain(score, expected):
     assert drain.should_drain_for_health(NodeState.ALIVE, score, 0.5) is expected
+
+
+def test_a_quarantined_node_stays_quarantined_through_silence_and_restart():
+    m = members("a", "b", "q")
+    m.nodes["q"].state = NodeState.QUARANTINED
+    m.heartbeat("a", 1.5)
+    m.heartbeat("b", 1.5)  # the coordinator hears others: q's silence is q's
+    assert [n.node_id for n in m.expire(1.6)] == []  # q's lease ended, but it is not DEAD
+    assert m.declare_dead("q") is None  # nor when its port refuses
+    assert [n.node_id for n in m.silent(1.6, 0.5, Role.TRAINER)] == []
+    assert m.nodes["q"].state is NodeState.QUARANTINED
+    assert m.forget_dead(100.0, 1.0, set) == []  # and never forgotten
+    restarted = m.register(NodeRecord("q", Role.TRAINER, "x:2"), 2.0)
+    assert restarted.state is NodeState.QUARANTINED
