@@ -473,7 +473,7 @@ class Worker:
                     await self._wait_changed(RETRY_PAUSE_S)
                     return
                 if slot not in job.clocks:  # a slot taken over part-way: learn where it is
-                    job.clocks[slot] = await self._slot_clock(job, slot, result)
+                    job.clocks[slot] = await self._slot_clock(job, slot, step, result)
                     if job.clocks[slot] != step:
                         return  # computed for another step: start again from fresh weights
                 results.append(result)
@@ -499,15 +499,21 @@ class Worker:
             raise
         job.clocks[slot] = step + 1
 
-    async def _slot_clock(self, job: JobState, slot: int, result: training.StepResult) -> int:
+    async def _slot_clock(
+        self, job: JobState, slot: int, step: int, result: training.StepResult
+    ) -> int:
         """The step ``slot`` pushes next, from the paramserver's refusal of a step
-        none reaches (an ordinary push's bytes, so nothing else is refused first)."""
+        none reaches (an ordinary push's bytes, so nothing else is refused first, but
+        for bytes no push may carry: NaN or Inf, the job's own error, as for ``step``
+        it was computed for)."""
         try:
             await job.client.push(job.job_id, PROBE_STEP, slot, job.version, result.grads)
         except RpcError as err:
             expected = err.metadata.get("expected_step", "")
             if err.kind is ErrorKind.INVALID_ARGUMENT and expected.isdigit():
                 return int(expected)
+            if err.kind is ErrorKind.NON_FINITE:
+                raise joberrors.not_finite(job.model, step, slot) from None
             raise
         raise StalwartError(ErrorKind.INTERNAL, f"step {PROBE_STEP} of slot {slot} was accepted")
 

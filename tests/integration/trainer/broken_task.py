@@ -16,6 +16,15 @@ class WrongShape(MlpTask):
         return x[:, :3], y  # the model wants 8 inputs
 
 
+class LossNaN(MlpTask):
+    def loss(self, model, x, y):
+        return super().loss(model, x, y) * float("nan")
+
+
+def loss_nan(spec):
+    return LossNaN(spec.seed, ARGS)
+
+
 def loss_raises(spec):
     return LossRaises(spec.seed, ARGS)
 

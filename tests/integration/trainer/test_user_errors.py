@@ -130,6 +130,25 @@ async def test_a_job_whose_weights_diverge_fails_with_that_reason(cluster_procs,
         assert all(proc.alive() for proc in trainers)
 
 
+@pytest.mark.parametrize(
+    "mode", [common.CONSISTENCY_MODE_SYNC, common.CONSISTENCY_MODE_ASYNC], ids=["sync", "async"]
+)
+async def test_a_gradient_not_finite_from_the_first_push_fails_the_job(cluster_procs, mode):
+    """NaN from step 0: in async mode a trainer's first push of a slot asks the slot's
+    step (a probe the paramserver refuses with it), and the probe's NaN was refused
+    first, as NON_FINITE, which the trainer retried for ever."""
+    coord, trainers = await _cluster(cluster_procs, 2)
+    spec = _spec(f"{BROKEN}:loss_nan")
+    spec.consistency.mode = mode
+    async with CoordinatorClient(coord.address) as client:
+        await _registered(client, {"tr0", "tr1"})
+        job = await client.create_job(spec, job_id="nan-from-the-start")
+        done = await wait_job_done(client, job.job_id, 120)
+        assert done.state == coordinator.JOB_STATE_FAILED, done
+        assert "NonFiniteGradient: the gradient holds NaN or Inf" in done.reason, done.reason
+        assert all(proc.alive() for proc in trainers)
+
+
 @pytest.mark.parametrize("what", ["wide", "many-slots"])
 async def test_a_model_too_large_for_the_paramservers_fails_its_job_and_no_other(
     cluster_procs, what
