@@ -107,6 +107,14 @@ class JobState:
     # pushes applied); learnt from the paramserver when the slot is first pushed
     clocks: dict[int, int] = field(default_factory=dict)
 
+    def keep_clocks_of(self, slots) -> None:
+        """Forget the step of each slot no longer held. Kept, a slot that came back
+        after another trainer pushed for it long enough (past the paramserver's
+        dedupe window) pushed its old steps, each answered as a duplicate and thrown
+        away, one step at a time; under SSP the slot's real count stood still."""
+        for slot in [k for k in self.clocks if k not in slots]:
+            del self.clocks[slot]
+
 
 class Worker:
     def __init__(
@@ -455,6 +463,7 @@ class Worker:
         own count of applied pushes, which picks its batch; SSP's paramserver holds a
         push while the slot leads the slowest by more than the staleness."""
         job = self.job
+        job.keep_clocks_of(slots)
         if not await self._pull(max(job.version, 0)):
             return
         await self.evaluator.between_steps(job, slots)
