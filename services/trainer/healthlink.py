@@ -18,6 +18,7 @@ import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from stalwart.api import coordinator, health, health_grpc
+from stalwart.channel import cancelled_by_caller
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +74,14 @@ class HealthLink:
             except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError,
                     TimeoutError) as err:  # fmt: skip
                 log.warning("telemetry stream to the health service broke", error=str(err))
+            except asyncio.CancelledError:
+                if cancelled_by_caller():
+                    raise  # stop()
+                # grpc.aio cancels a client-streaming call by itself when a write
+                # fails because the server ended the stream: the call died, not us
+                log.warning("telemetry stream to the health service was cancelled by grpc")
+            except Exception:  # noqa: BLE001 - reading a sample failed: telemetry goes on
+                log.exception("telemetry sample failed")
             finally:
                 with contextlib.suppress(Exception):
                     await channel.close()

@@ -53,3 +53,48 @@ async def _at_least(servicer: _EndsEachStream, n: int) -> bool:
 
 def test_a_stream_the_server_ended_is_opened_again() -> None:
     assert asyncio.run(_streams_after_ends()) >= 3
+
+
+class _Counts(health_grpc.HealthMonitorServiceServicer):
+    def __init__(self) -> None:
+        self.samples = 0
+
+    async def StreamTelemetry(self, request_iterator, context):
+        async for _ in request_iterator:
+            self.samples += 1
+        return health.StreamTelemetryResponse()
+
+
+async def _samples_after_a_failed_reading() -> int:
+    servicer = _Counts()
+    server = grpc.aio.server()
+    health_grpc.add_HealthMonitorServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    readings = iter([RuntimeError("NVML: the driver went away")])
+
+    def sample() -> dict[str, float]:
+        failure = next(readings, None)
+        if failure is not None:
+            raise failure
+        return {"cpu": 1.0}
+
+    link = HealthLink(
+        lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
+        lambda: "trainer-x", sample, lambda: 0, interval_s=0.01,
+    )  # fmt: skip
+    link.start()
+    try:
+        await assert_eventually_async(lambda: _sampled(servicer, 3), timeout=30)
+    finally:
+        await link.stop()
+        await server.stop(None)
+    return servicer.samples
+
+
+async def _sampled(servicer: _Counts, n: int) -> bool:
+    return servicer.samples >= n
+
+
+def test_a_sample_that_failed_to_read_does_not_end_telemetry() -> None:
+    assert asyncio.run(_samples_after_a_failed_reading()) >= 3
