@@ -351,6 +351,18 @@ def unavailable(url: str, exc: BaseException) -> StalwartError:
     )
 
 
+def store_full(url: str, exc: BaseException) -> StalwartError:
+    """The store refused a write for want of room (a full tmpfs or disk, Redis at its
+    maxmemory): STORE_FULL, as a budget's refusal, not an INTERNAL error."""
+    return StalwartError(
+        ErrorKind.STORE_FULL,
+        f"store {url} is full: {describe_os_error(exc) if isinstance(exc, OSError) else exc}; "
+        "not written (the last complete checkpoint stays valid). Free room or delete "
+        "checkpoints.",
+        store=url,
+    )
+
+
 def not_found(what: str, **metadata: object) -> StalwartError:
     return StalwartError(ErrorKind.NOT_FOUND, f"{what} not found", **metadata)
 

@@ -57,6 +57,8 @@ from stalwart.stores.common import (
     decide_release,
     decide_renew,
     not_found,
+    store_full,
+    unavailable,
     verify_chunk,
 )
 
@@ -138,7 +140,10 @@ class FileStore(Store):
     def _write_tmp(self, directory: str, data: bytes, *, sync: bool) -> str:
         """Write ``data`` to a fresh temp file in ``directory``; return its path."""
         tmp = os.path.join(directory, f"{_TMP}{uuid.uuid4().hex}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise self._write_error(exc) from exc
         try:
             view = memoryview(data)
             while view:
@@ -146,13 +151,23 @@ class FileStore(Store):
                 view = view[n:]
             if sync:
                 os.fsync(fd)
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise self._write_error(exc) from exc
             raise
         os.close(fd)
         return tmp
+
+    def _write_error(self, exc: OSError) -> StalwartError:
+        """A write the file system refused: STORE_FULL when it is out of room (the
+        default ``shm://`` is a tmpfs, 64 MiB in a container), UNAVAILABLE otherwise;
+        a raw OSError answered INTERNAL and escaped the coordinator's handlers."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return store_full(self.url, exc)
+        return unavailable(self.url, exc)
 
     def _replace(self, directory: str, final: str, data: bytes) -> None:
         """Atomically make ``final`` hold ``data`` (tmp + fsync + rename)."""

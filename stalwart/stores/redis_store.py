@@ -41,6 +41,7 @@ from stalwart.stores.common import (
     check_prefix,
     check_ttl,
     not_found,
+    store_full,
     unavailable,
     verify_chunk,
 )
@@ -114,6 +115,8 @@ class RedisStore(Store):
             yield
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             raise unavailable(self.url, e) from e
+        except redis.exceptions.OutOfMemoryError as e:  # at its maxmemory
+            raise store_full(self.url, e) from e
         except redis.AuthenticationError as e:
             raise StalwartError(
                 ErrorKind.UNAVAILABLE, f"cannot use store {self.url}: {e}", store=self.url

@@ -171,3 +171,36 @@ def test_reading_an_ignite_cluster_without_a_store_is_refused_and_creates_nothin
         assert listed.exit_code == 0, listed.output
     finally:
         stop_ignite(tmp_path)
+
+
+def test_a_redis_at_its_maxmemory_answers_store_full(tmp_path: Path) -> None:
+    try:
+        url = start_redis(tmp_path)
+    except BackendUnavailable as e:
+        skip_or_fail(f"no redis server: {e}")
+    try:
+        store = open_store(url)
+        store._r.config_set("maxmemory", 2 << 20)  # this test's own server
+        data = os.urandom(4 << 20)
+        with pytest.raises(StalwartError) as err:
+            store.put_chunk(chunk_hash(data), data)
+        assert err.value.kind is ErrorKind.STORE_FULL, err.value
+        assert "is full" in err.value.message
+    finally:
+        stop_redis(tmp_path)
+
+
+def test_a_file_store_out_of_room_answers_store_full(tmp_path: Path, monkeypatch) -> None:
+    store = open_store(f"file://{tmp_path}/store")
+    real_write = os.write
+
+    def disk_full(fd, data):  # as a full tmpfs or disk answers
+        raise OSError(28, os.strerror(28))
+
+    monkeypatch.setattr(os, "write", disk_full)
+    data = os.urandom(1 << 10)
+    with pytest.raises(StalwartError) as err:
+        store.put_chunk(chunk_hash(data), data)
+    monkeypatch.setattr(os, "write", real_write)
+    assert err.value.kind is ErrorKind.STORE_FULL, err.value
+    assert not store.has_chunk(chunk_hash(data)) and store.list_chunks() == []
