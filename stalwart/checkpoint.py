@@ -17,6 +17,7 @@ checkpoints go to the durable tier) live in :mod:`stalwart.retention`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -344,6 +345,25 @@ def build_manifest(
     return manifest
 
 
+# Publishing a manifest and deleting chunks run one at a time in a process. A chunk
+# is content-addressed, so one job's upload reuses a chunk another job's checkpoint
+# stored, and that job's retention (run under its own job's lock only) could delete
+# it between the publish's check that every chunk is there and the manifest going
+# visible: a checkpoint published, and not restorable. Reentrant: make_room runs
+# retention. A thread holds it, so an awaiting caller's timeout does not free it.
+_CHUNKS_IN_USE = threading.RLock()
+
+
+def _one_at_a_time(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with _CHUNKS_IN_USE:
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@_one_at_a_time
 def publish(store: Store, manifest: common.CheckpointManifest) -> None:
     """Make the checkpoint visible, after checking every chunk it lists is stored.
 
@@ -650,6 +670,7 @@ class RetentionResult:
     deleted_chunks: int
 
 
+@_one_at_a_time
 def apply_retention(
     store: Store,
     job_id: str,
@@ -721,6 +742,7 @@ def make_room(
     require_room(store, job_id, needed_bytes)
 
 
+@_one_at_a_time
 def delete_checkpoint(
     store: Store, job_id: str, checkpoint_id: str, *, live_jobs: Iterable[str] = ()
 ) -> int:
@@ -736,6 +758,7 @@ def delete_checkpoint(
     return sum(store.delete_chunk(h) for h in garbage)
 
 
+@_one_at_a_time
 def collect_garbage(store: Store, jobs: Iterable[str], protect: Collection[str] = ()) -> int:
     """Delete every stored chunk no manifest of ``jobs`` lists (e.g. the chunks of
     an upload that died before publishing). ``jobs`` must name every job with

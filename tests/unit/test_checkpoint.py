@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -379,3 +380,42 @@ def test_copy_refuses_a_corrupt_chunk(store: Store, tmp_path: Path) -> None:
             ckpt.copy_checkpoint(store, durable, manifest, workers=1)
         assert err.value.kind.code is grpc.StatusCode.DATA_LOSS and bad in err.value.message
         assert not durable.has_chunk(bad) and durable.list_manifests("job") == []
+
+
+class _PublishWaits:
+    """The store, but a manifest's publish waits (up to ``wait_s``) for ``done`` after
+    its chunks were checked: the window another job's retention could fall in."""
+
+    def __init__(self, store: Store, checked: threading.Event, done: threading.Event):
+        self._store, self._checked, self._done = store, checked, done
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def publish_manifest(self, job_id: str, checkpoint_id: str, data: bytes) -> None:
+        self._checked.set()
+        self._done.wait(timeout=1.0)  # never set while retention must wait for us
+        self._store.publish_manifest(job_id, checkpoint_id, data)
+
+
+def test_another_jobs_retention_waits_for_a_publish_that_reuses_its_chunks(store: Store):
+    shared, _ = _save(store, _model(0), 1)  # job "job": its chunks, soon old
+    _save(store, _model(1), 2)  # its newer checkpoint shares none of them
+    reuse = common.CheckpointManifest()
+    reuse.CopyFrom(shared)
+    reuse.job_id = "other"  # an upload of job "other" found every chunk stored already
+    checked, done = threading.Event(), threading.Event()
+
+    def retention() -> None:
+        checked.wait(timeout=30)
+        ckpt.apply_retention(store, "job", 1, live_jobs=["other"])
+        done.set()
+
+    beside = threading.Thread(target=retention)
+    beside.start()
+    ckpt.publish(_PublishWaits(store, checked, done), reuse)
+    beside.join(timeout=30)
+    assert done.is_set()
+    assert [m.step for m in ckpt.list_checkpoints(store, "job")[0]] == [2]  # retention ran
+    report = ckpt.verify(store, ckpt.load_manifest(store, "other", reuse.checkpoint_id))
+    assert report.ok, report.problems  # before: published with every chunk deleted
