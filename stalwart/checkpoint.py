@@ -388,6 +388,14 @@ def publish(store: Store, manifest: common.CheckpointManifest) -> None:
 
 def load_manifest(store: Store, job_id: str, checkpoint_id: str) -> common.CheckpointManifest:
     """A published manifest; NOT_FOUND if none, DATA_LOSS if it does not parse or fit."""
+    manifest = _parsed_manifest(store, job_id, checkpoint_id)
+    _check_structure(manifest)
+    return manifest
+
+
+def _parsed_manifest(store: Store, job_id: str, checkpoint_id: str) -> common.CheckpointManifest:
+    """A published manifest as stored, its tensors unchecked (it may still name the
+    chunks it holds); NOT_FOUND if none, DATA_LOSS if it does not parse."""
     data = store.get_manifest(job_id, checkpoint_id)
     manifest = common.CheckpointManifest()
     try:
@@ -402,7 +410,6 @@ def load_manifest(store: Store, job_id: str, checkpoint_id: str) -> common.Check
             f"manifest stored as {job_id}/{checkpoint_id} names "
             f"{manifest.job_id}/{manifest.checkpoint_id}",
         )
-    _check_structure(manifest)
     return manifest
 
 
@@ -683,7 +690,8 @@ def apply_retention(
     the chunks only they referenced.
 
     Chunks are content-addressed, so another job's checkpoints may share them:
-    pass in ``live_jobs`` every other job whose checkpoints live in this store.
+    every job with a manifest in the store keeps the chunks it names, and so does
+    each of ``live_jobs``.
     Manifests go first, chunks after, so a crash in between leaves only
     unreferenced chunks (swept by :func:`collect_garbage`), never a visible
     checkpoint with missing chunks.
@@ -696,7 +704,7 @@ def apply_retention(
         candidates |= chunk_hashes(by_id[checkpoint_id].tensors)
         store.delete_manifest(job_id, checkpoint_id)
     references = {c: chunk_hashes(by_id[c].tensors) for c in decision.keep}
-    references.update(_references(store, [j for j in live_jobs if j != job_id]))
+    references.update(_references(store, _other_jobs(store, job_id, live_jobs)))
     garbage = unreferenced_chunks(candidates, references)
     deleted = sum(store.delete_chunk(h) for h in garbage)
     log.info(
@@ -753,7 +761,7 @@ def delete_checkpoint(
     one: deleting a delta's parent leaves the delta readable."""
     manifest = load_manifest(store, job_id, checkpoint_id)  # NOT_FOUND if absent
     store.delete_manifest(job_id, checkpoint_id)
-    references = _references(store, [job_id, *(j for j in live_jobs if j != job_id)])
+    references = _references(store, [job_id, *_other_jobs(store, job_id, live_jobs)])
     garbage = unreferenced_chunks(chunk_hashes(manifest.tensors), references)
     return sum(store.delete_chunk(h) for h in garbage)
 
@@ -764,21 +772,33 @@ def collect_garbage(store: Store, jobs: Iterable[str], protect: Collection[str] 
     an upload that died before publishing). ``jobs`` must name every job with
     checkpoints in this store, and ``protect`` the chunks of uploads in
     progress; returns the number of chunks deleted."""
+    jobs = sorted({*jobs, *store.list_manifest_jobs()})
     garbage = unreferenced_chunks(store.list_chunks(), _references(store, jobs), protect)
     return sum(store.delete_chunk(h) for h in garbage)
+
+
+def _other_jobs(store: Store, job_id: str, live_jobs: Iterable[str]) -> list[str]:
+    """Every job but ``job_id`` whose checkpoints may name a chunk: ``live_jobs`` and
+    each job with a manifest in the store. The caller's list alone missed jobs it
+    did not know (``ckpt rm --store-url`` passed none; another cluster sharing the
+    store), and their checkpoints lost the chunks they shared."""
+    return sorted({*live_jobs, *store.list_manifest_jobs()} - {job_id})
 
 
 def _references(store: Store, jobs: Iterable[str]) -> dict[str, set[str]]:
     refs: dict[str, set[str]] = {}
     for job in jobs:
         manifests, unreadable = list_checkpoints(store, job)
-        if unreadable:
-            # we cannot know which chunks an unreadable manifest needs, so we
-            # cannot prove any chunk unreferenced: refuse rather than guess
-            raise StalwartError(
-                ErrorKind.DATA_LOSS,
-                f"manifest {job}/{unreadable[0][0]} is unreadable; garbage collection refused",
-            )
+        for checkpoint_id, _ in unreadable:
+            try:  # one that parses still names its chunks (a tensor spec gone bad)
+                manifests.append(_parsed_manifest(store, job, checkpoint_id))
+            except StalwartError:
+                # we cannot know which chunks it needs, so we cannot prove any
+                # chunk unreferenced: refuse rather than guess
+                raise StalwartError(
+                    ErrorKind.DATA_LOSS,
+                    f"manifest {job}/{checkpoint_id} is unreadable; garbage collection refused",
+                ) from None
         for m in manifests:
             refs[f"{job}/{m.checkpoint_id}"] = chunk_hashes(m.tensors)
     return refs

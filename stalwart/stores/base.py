@@ -90,6 +90,11 @@ class Store(abc.ABC):
         """Checkpoint ids with a published manifest for ``job_id``, sorted."""
 
     @abc.abstractmethod
+    def list_manifest_jobs(self) -> list[str]:
+        """Every job id with at least one published manifest, sorted: the jobs whose
+        checkpoints may reference a chunk (chunks are shared between jobs)."""
+
+    @abc.abstractmethod
     def delete_manifest(self, job_id: str, checkpoint_id: str) -> bool:
         """Unpublish a manifest (its chunks stay); True if it existed."""
 

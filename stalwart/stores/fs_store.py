@@ -302,6 +302,14 @@ class FileStore(Store):
             return []
         return sorted(n[:-3] for n in names if n.endswith(".mf") and not n.startswith(_TMP))
 
+    def list_manifest_jobs(self) -> list[str]:
+        base = os.path.join(self.root, "manifests")
+        return sorted(
+            d.name for d in os.scandir(base)
+            if d.is_dir() and any(n.endswith(".mf") and not n.startswith(_TMP)
+                                  for n in os.listdir(d.path))
+        )  # fmt: skip
+
     def delete_manifest(self, job_id: str, checkpoint_id: str) -> bool:
         directory, final = self._manifest_path(job_id, checkpoint_id)
         try:

@@ -283,6 +283,9 @@ class IgniteStore(Store):
         prefix = check_id("job id", job_id) + "/"
         return sorted(k[len(prefix) :] for k in self._keys("manifests") if k.startswith(prefix))
 
+    def list_manifest_jobs(self) -> list[str]:
+        return sorted({k.split("/", 1)[0] for k in self._keys("manifests")})
+
     def delete_manifest(self, job_id: str, checkpoint_id: str) -> bool:
         key = self._manifest_key(job_id, checkpoint_id)
         with self._errors():

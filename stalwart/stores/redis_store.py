@@ -208,6 +208,12 @@ class RedisStore(Store):
         with self._errors():
             return sorted(k.decode() for k in self._r.hkeys(_NS + "manifests:" + job_id))
 
+    def list_manifest_jobs(self) -> list[str]:
+        prefix = _NS + "manifests:"
+        with self._errors():  # a job's hash goes when its last manifest is deleted
+            keys = self._r.scan_iter(match=prefix + "*", count=1000)
+            return sorted({k.decode()[len(prefix) :] for k in keys})
+
     def delete_manifest(self, job_id: str, checkpoint_id: str) -> bool:
         check_id("job id", job_id)
         check_id("checkpoint id", checkpoint_id)

@@ -249,6 +249,34 @@ def test_retention_spares_chunks_of_other_jobs(store: Store) -> None:
     assert shared <= set(store.list_chunks())
 
 
+@pytest.mark.parametrize("how", ["retention", "delete"])
+def test_chunks_of_a_job_nobody_named_are_spared(store: Store, how: str) -> None:
+    # `ckpt rm --store-url` named no other job, and a cluster sharing the store
+    # knows only its own: every job with a manifest in the store counts
+    first, _ = _save(store, _model(), 1)
+    shared = ckpt.chunk_hashes(first.tensors)
+    other = ckpt.build_manifest(job_id="other", checkpoint_id="o1", step=1, tensors=first.tensors)
+    ckpt.publish(store, other)
+    _save(store, _model(seed=1), 2)
+    if how == "retention":
+        ckpt.apply_retention(store, "job", keep=1)
+    else:
+        assert ckpt.delete_checkpoint(store, "job", first.checkpoint_id) == 0
+    assert shared <= set(store.list_chunks())
+    assert ckpt.verify(store, ckpt.load_manifest(store, "other", "o1")).ok
+
+
+def test_a_manifest_gone_bad_but_parsing_still_keeps_its_chunks(store: Store) -> None:
+    first, _ = _save(store, _model(), 1)
+    odd = ckpt.build_manifest(job_id="other", checkpoint_id="o1", step=1, tensors=first.tensors)
+    odd.tensors[0].spec.dtype = 999  # unreadable as a checkpoint, its chunks still named
+    store.publish_manifest("other", "o1", odd.SerializeToString())
+    _save(store, _model(seed=1), 2)
+    result = ckpt.apply_retention(store, "job", keep=1)  # not refused for "other"'s sake
+    assert result.deleted_manifests == [first.checkpoint_id]
+    assert ckpt.chunk_hashes(first.tensors) <= set(store.list_chunks())
+
+
 def test_collect_garbage_sweeps_an_unpublished_upload(store: Store) -> None:
     kept, _ = _save(store, _model(), 1)
     orphan_refs, _ = ckpt.write_tensors(store, _items(_model(seed=7)), chunk_bytes=CHUNK)

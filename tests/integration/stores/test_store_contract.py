@@ -108,9 +108,15 @@ def test_manifest_publish_list_get_delete(store: Store, uniq: str) -> None:
     assert err.value.kind is ErrorKind.ALREADY_EXISTS
     assert store.get_manifest(job, "step-100") == b"m100"
 
+    jobs = store.list_manifest_jobs()  # the store may hold other tests' jobs too
+    assert job in jobs and other not in jobs and jobs == sorted(jobs)
+
     assert store.delete_manifest(job, "step-100") is True
     assert store.delete_manifest(job, "step-100") is False
     assert store.list_manifests(job) == ["step-200"]
+    assert store.delete_manifest(job, "step-200") is True
+    assert job not in store.list_manifest_jobs()  # no manifest left: not a job of it
+    store.publish_manifest(job, "step-200", b"m200")
     with pytest.raises(StalwartError) as err:
         store.get_manifest(job, "step-100")
     assert err.value.kind is ErrorKind.NOT_FOUND
