@@ -108,6 +108,8 @@ class Checkpoints:
         self._marks: dict[str, _Marks] = {}  # by job id
         self._restore_lock = asyncio.Lock()
         self._restoring: asyncio.Task | None = None
+        self._sweeping: asyncio.Task | None = None
+        self._swept_at = time.monotonic()  # a new leader waits one interval first
         # jobs restored since their groups were lost, while another job of those
         # groups still waits for its restore (it failed, and is tried again)
         self._restored_after_loss: set[str] = set()
@@ -192,10 +194,38 @@ class Checkpoints:
                     del self._job_locks[gone]
         if self._restoring is not None and not self._restoring.done():
             return  # a restore rewinds versions: order nothing meanwhile
+        if self._sweeping is not None and not self._sweeping.done():
+            return  # no upload may start while unpublished chunks are swept
+        if self._sweep_due(time.monotonic()):
+            self._sweeping = asyncio.create_task(self._sweep())
+            return
         for job_id in due:
             task = asyncio.create_task(self._periodic(job_id))
             self._inflight[job_id] = task
             task.add_done_callback(lambda _t, j=job_id: self._inflight.pop(j, None))
+
+    def _sweep_due(self, now: float) -> bool:
+        """Whether to sweep the store now: the interval has passed and nothing of this
+        leader's is being saved, restored or deleted (its chunks may be unpublished)."""
+        every = self.settings.checkpoint_gc_seconds
+        return (
+            every > 0 and now - self._swept_at >= every and not self._inflight
+            and not any(lock.locked() for lock in self._job_locks.values())
+            and not self._restore_lock.locked()
+        )  # fmt: skip
+
+    async def _sweep(self) -> int:
+        """Delete the chunks no manifest in the store names (every job's counts, this
+        cluster's or not); rounds order no checkpoint meanwhile."""
+        self._swept_at = time.monotonic()
+        try:
+            swept = await self._io(ckpt.collect_garbage, self.store(), list(self.c.jobs))
+        except StalwartError as exc:
+            log.warning("checkpoint store sweep failed", error=str(exc))
+            return 0
+        if swept:
+            log.info("checkpoint store swept", chunks=swept)
+        return swept
 
     def _marks_of(self, job_id: str) -> _Marks:
         return self._marks.setdefault(job_id, _Marks())

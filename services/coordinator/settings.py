@@ -124,6 +124,11 @@ class CoordinatorSettings(ServiceSettings):
     keep_checkpoints: int = Field(default=3, ge=1)
     """Checkpoints kept per job; older ones and the chunks only they use are deleted."""
 
+    checkpoint_gc_seconds: float = Field(default=600.0, ge=0)
+    """How often the leader sweeps the checkpoint store of chunks no manifest names
+    (uploads that never published: replicas that disagreed, a shard that failed, a
+    leader lost mid-save), while no checkpoint of its own is being taken. 0: never."""
+
     hung_step_seconds: float = Field(default=300.0, ge=0)
     """A synchronous job's step that stands still this long (or ten of its slowest
     trainer's steps, if longer) while some of its slots' pushes are missing: their
