@@ -245,7 +245,7 @@ class Worker:
                 None, self._build_job, assignment, shard_map
             )
         elif job.shard_map != shard_map:
-            await job.client.close()
+            await _close_client(job)
             job.client, job.shard_map = self.make_client(assignment.shard_map), shard_map
             job.registered = False
             # New primaries (a promotion, or a restore from a checkpoint that
@@ -319,9 +319,7 @@ class Worker:
 
     async def _drop_job(self) -> None:
         if self.job is not None:
-            if self.job.pull_under_way is not None:
-                await _abandon(self.job.pull_under_way[1])
-            await self.job.client.close()
+            await _close_client(self.job)
             self.job = None
 
     # --- pulling ----------------------------------------------------------------------
@@ -667,6 +665,16 @@ class Worker:
                     self.on_corruption("abft", job.job_id, step, err.message)
                 if attempt == ABFT_RETRIES:
                     raise
+
+
+async def _close_client(job: JobState) -> None:
+    """Close the job's client, a pull still under way on it first: taken up by the
+    next wait, that pull retried on the closed client (on replicas a restore had
+    replaced) instead of starting over on the new one."""
+    if job.pull_under_way is not None:
+        await _abandon(job.pull_under_way[1])
+        job.pull_under_way = None
+    await job.client.close()
 
 
 def _raise_failed(job: JobState, step: int, slot: int, push: asyncio.Future) -> None:

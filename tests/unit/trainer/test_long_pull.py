@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from services.trainer.faults import Faults
-from services.trainer.worker import JobState, Worker
+from services.trainer.worker import JobState, Worker, _close_client
 from stalwart.api import coordinator
 
 POLL_S = 0.05
@@ -57,3 +57,23 @@ def test_a_pull_for_another_version_or_a_new_assignment_is_abandoned() -> None:
 
     asyncio.run(scenario())
     assert started == [3, 4]  # the last call took up the pull for 4, then dropped it
+
+
+def test_a_pull_under_way_is_abandoned_with_the_client_it_runs_on() -> None:
+    # a new shard map (a promotion, a restore onto other replicas) replaces the client:
+    # the pull left under way on the old one is not taken up by the next wait
+    class _Client:
+        closed = False
+
+        async def close(self) -> None:
+            self.closed = True
+
+    async def as_a_new_shard_map_does() -> tuple[bool, bool, object]:
+        job = JobState("job-1", coordinator.JobSpec(num_slots=1), None, None, None, b"")
+        job.client = _Client()
+        pull = asyncio.ensure_future(asyncio.sleep(3600))
+        job.pull_under_way = (3, pull)
+        await _close_client(job)
+        return pull.cancelled(), job.client.closed, job.pull_under_way
+
+    assert asyncio.run(as_a_new_shard_map_does()) == (True, True, None)
