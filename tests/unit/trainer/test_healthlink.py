@@ -28,22 +28,28 @@ class _EndsEachStream(health_grpc.HealthMonitorServiceServicer):
         return health.StreamTelemetryResponse()
 
 
-async def _streams_after_ends() -> int:
-    servicer = _EndsEachStream()
+async def _link_until(servicer, sample, enough) -> None:
+    """Run a HealthLink (sampling with ``sample``) against a real server of
+    ``servicer`` until ``enough()`` holds."""
     server = grpc.aio.server()
     health_grpc.add_HealthMonitorServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     link = HealthLink(
         lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
-        lambda: "trainer-x", lambda: {"cpu": 1.0}, lambda: 0, interval_s=0.01,
+        lambda: "trainer-x", sample, lambda: 0, interval_s=0.01,
     )  # fmt: skip
     link.start()
     try:
-        await assert_eventually_async(lambda: _at_least(servicer, 3), timeout=30)
+        await assert_eventually_async(enough, timeout=30)
     finally:
         await link.stop()
         await server.stop(None)
+
+
+async def _streams_after_ends() -> int:
+    servicer = _EndsEachStream()
+    await _link_until(servicer, lambda: {"cpu": 1.0}, lambda: _at_least(servicer, 3))
     return servicer.streams
 
 
@@ -67,10 +73,6 @@ class _Counts(health_grpc.HealthMonitorServiceServicer):
 
 async def _samples_after_a_failed_reading() -> int:
     servicer = _Counts()
-    server = grpc.aio.server()
-    health_grpc.add_HealthMonitorServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     readings = iter([RuntimeError("NVML: the driver went away")])
 
     def sample() -> dict[str, float]:
@@ -79,16 +81,7 @@ async def _samples_after_a_failed_reading() -> int:
             raise failure
         return {"cpu": 1.0}
 
-    link = HealthLink(
-        lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
-        lambda: "trainer-x", sample, lambda: 0, interval_s=0.01,
-    )  # fmt: skip
-    link.start()
-    try:
-        await assert_eventually_async(lambda: _sampled(servicer, 3), timeout=30)
-    finally:
-        await link.stop()
-        await server.stop(None)
+    await _link_until(servicer, sample, lambda: _sampled(servicer, 3))
     return servicer.samples
 
 
