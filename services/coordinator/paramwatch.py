@@ -156,6 +156,7 @@ class ParamWatch:
             c.require_leader()
             for (node_id, address), answer in zip(targets, answers, strict=True):
                 self._fold(node_id, address, answer)
+            self._forget_gone(c.members.nodes.keys())
             hung: list[hangwatch.Hung] = []
             wedged: list[int] = []
             decisions: list[tuple[int, promotion.Decision]] = []
@@ -180,6 +181,13 @@ class ParamWatch:
                 log.warning("could not drain a hung trainer", node=h.node_id, error=str(exc))
         if c.checkpoints is not None:
             c.checkpoints.restore_lost_groups()
+
+    def _forget_gone(self, known) -> None:
+        """Drop what is kept per paramserver for nodes the leader forgot: with a
+        random node id per process, each restart added entries for good."""
+        for kept in (self._failures, self._slow, self._pushed, self._instances):
+            for node_id in kept.keys() - known:
+                del kept[node_id]
 
     def _fold(self, node_id: str, address: str, answer) -> None:
         c = self.control

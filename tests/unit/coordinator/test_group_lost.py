@@ -42,3 +42,14 @@ def test_an_unreadable_checkpoint_store_fails_nothing_and_is_asked_again(tmp_pat
     assert _state_after_loss(tmp_path / "a", [None]) == ("pending", False)
     assert _state_after_loss(tmp_path / "b", [None, ["ckpt-1"]]) == ("pending", True)
     assert _state_after_loss(tmp_path / "c", [None, []]) == ("failed", False)
+
+
+def test_what_is_kept_per_paramserver_goes_with_a_forgotten_node(tmp_path) -> None:
+    control = elected(f"shm://{tmp_path}/state", 1)
+    watch = ParamWatch(control, ReplicaLinks(grpc.aio.insecure_channel), unreachable_polls=3)
+    for kept in (watch._failures, watch._slow, watch._instances):
+        kept.update({"ps-old": 1, "ps-now": 1})
+    watch._pushed.update({"ps-old": {}, "ps-now": {}})
+    watch._forget_gone({"ps-now"})  # ps-old restarted under a new id and was forgotten
+    assert all(set(kept) == {"ps-now"} for kept in
+               (watch._failures, watch._slow, watch._instances, watch._pushed))  # fmt: skip
