@@ -86,11 +86,17 @@ def test_unreachable_message_is_one_clear_line() -> None:
     )
 
 
-def test_redis_server_gone_midway_is_unavailable(tmp_path: Path) -> None:
+def _own_redis(directory: Path) -> str:
+    """The URL of a Redis server of the test's own (``stop_redis(directory)`` ends it)."""
     try:
-        url = start_redis(tmp_path)
+        return start_redis(directory)
     except BackendUnavailable as e:
         skip_or_fail(f"no redis server: {e}")
+        raise  # not reached: skip_or_fail skips or fails the test
+
+
+def test_redis_server_gone_midway_is_unavailable(tmp_path: Path) -> None:
+    url = _own_redis(tmp_path)
     try:
         store = open_store(url)
         store.kv_put("k", b"v")
@@ -174,10 +180,7 @@ def test_reading_an_ignite_cluster_without_a_store_is_refused_and_creates_nothin
 
 
 def test_a_redis_at_its_maxmemory_answers_store_full(tmp_path: Path) -> None:
-    try:
-        url = start_redis(tmp_path)
-    except BackendUnavailable as e:
-        skip_or_fail(f"no redis server: {e}")
+    url = _own_redis(tmp_path)
     try:
         store = open_store(url)
         store._r.config_set("maxmemory", 2 << 20)  # this test's own server
